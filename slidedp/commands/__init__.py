@@ -1,0 +1,1 @@
+"""Subcommands of the `slidedp` CLI; each module has register(subparsers) and a handler."""

@@ -1,0 +1,89 @@
+"""Options shared by the commands that take a workload and a plan (predict, simulate, sweep, train).
+
+Precedence: built-in defaults < the plan file (--plan) < explicit options. The default workload,
+used when nothing is given, is Qwen3-8B at sequence 4096 on the h200x2 preset, micro-batch 4
+per GPU on both GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import HardwareSpec, load_hardware
+from slidedp.spec.model import load_model
+from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding, default_plan, load_plan
+from slidedp.spec.workload import Workload
+
+DEFAULTS = {"hardware": "h200x2", "model": "qwen3-8b", "seq": 4096, "micro_batch": 4}
+
+
+def add_workload_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--hardware", default=DEFAULTS["hardware"], help="preset name or TOML file (default %(default)s)")
+    g.add_argument("--model", default=DEFAULTS["model"], help="preset name, config.json or model directory (default %(default)s)")
+    g.add_argument("--seq", type=int, default=DEFAULTS["seq"], help="sequence length (default %(default)s)")
+    g.add_argument("--gpus", type=int, help="GPUs used (default: all of the hardware's)")
+    g.add_argument("--micro-batch", type=int, default=DEFAULTS["micro_batch"], help="sequences per GPU per micro-step (default %(default)s)")
+    g.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: micro-batch x gpus)")
+
+
+def add_plan_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("plan (override the --plan file)")
+    g.add_argument("--plan", help="plan TOML file ([plan] table)")
+    g.add_argument("--param-route", choices=[e.value for e in ParamRoute])
+    g.add_argument("--grad-route", choices=[e.value for e in GradRoute])
+    g.add_argument("--update-sharding", choices=[e.value for e in UpdateSharding])
+    g.add_argument("--chunk-mib", type=float, help="H2D and D2H chunk size in MiB")
+    g.add_argument("--window-slots", type=int)
+    g.add_argument("--offload-ratio", type=float)
+    g.add_argument("--update-workers", type=int)
+    g.add_argument("--host-bf16-copy", action="store_true", default=None,
+                   help="keep a BF16 copy on the host written by the update (no cast pass)")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    hardware: HardwareSpec
+    workload: Workload
+    plan: Plan
+
+
+def positive(value, option: str):
+    if value is not None and value < 1:
+        raise SpecError("command line", option, f"a positive integer, got {value}")
+    return value
+
+
+def resolve(args: argparse.Namespace) -> Resolved:
+    """Specs from the options; every failure is a SpecError naming the option or file."""
+    hw = load_hardware(args.hardware)
+    model = load_model(args.model)
+    gpus = positive(args.gpus, "--gpus") or hw.gpu.count
+    mb = positive(args.micro_batch, "--micro-batch")
+    gb = positive(args.global_batch, "--global-batch") or mb * gpus
+    positive(args.seq, "--seq")
+    wl = Workload(model, args.seq, gb, mb, gpus, where="command line")
+    plan = load_plan(args.plan) if args.plan else default_plan(hw.fabric.kind)
+    over = {"param_route": args.param_route and ParamRoute(args.param_route),
+            "grad_route": args.grad_route and GradRoute(args.grad_route),
+            "update_sharding": args.update_sharding and UpdateSharding(args.update_sharding),
+            "h2d_chunk_mib": args.chunk_mib, "d2h_chunk_mib": args.chunk_mib,
+            "window_slots": args.window_slots, "offload_ratio": args.offload_ratio,
+            "update_workers": args.update_workers, "host_bf16_copy": args.host_bf16_copy}
+    try:
+        plan = plan.with_overrides(**over)
+    except SpecError as e:
+        raise SpecError("command line", f"--{e.field.replace('_', '-')}", e.expected) from None
+    return Resolved(hw, wl, plan)
+
+
+def describe(r: Resolved) -> str:
+    """The resolved configuration in one line (printed at start)."""
+    w, p = r.workload, r.plan
+    return (f"{r.hardware.name} | {w.model.name} seq {w.seq_len} | {w.gpus} GPU x micro-batch "
+            f"{w.micro_batch} x accum {w.accum_steps} = global batch {w.global_batch} | "
+            f"params {p.param_route}, grads {p.grad_route}, update {p.update_sharding} | chunks "
+            f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
+            f"offload r={p.offload_ratio:g}")

@@ -1,0 +1,56 @@
+"""`slidedp predict`: the analytic model's answer for one (hardware, workload, plan)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from slidedp.commands.common import add_plan_options, add_workload_options, describe, resolve
+from slidedp.model.predict import Prediction, predict
+
+GIB = 2**30
+
+
+def register(sub) -> None:
+    p = sub.add_parser("predict", help="analytic step-time prediction",
+                       description="Predict the steady-state step time of a workload and plan "
+                       "with the analytic model (resource bounds + critical path).")
+    add_workload_options(p)
+    add_plan_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def format_table(pred: Prediction) -> str:
+    rows = [
+        ("step time (predicted)", f"{pred.step_time_s:.3f} s"),
+        ("  resource lower bound", f"{pred.lower_bound_s:.3f} s"),
+        ("  critical path", f"{pred.critical_path_s:.3f} s"),
+        ("tokens/s", f"{pred.tokens_per_s:,.0f}"),
+        ("bottleneck", f"{pred.bottleneck} ({100 * pred.bottleneck_utilization:.0f}% busy)"),
+        ("C  GPU compute / step", f"{pred.compute_s:.3f} s"),
+        ("H  host work / step", f"{pred.host_s:.3f} s ({pred.host_resource})"),
+        ("E  exposed", f"{pred.exposed_s:.3f} s"),
+        ("R_cross", f"{pred.r_cross:.2f} GPUs"),
+    ]
+    for k, v in pred.traffic_bytes.items():
+        if v:
+            rows.append((f"traffic {k} / step", f"{v / GIB:.2f} GiB"))
+    rows.append(("GPU memory peak / GPU", f"{pred.memory['gpu_peak_bytes'] / GIB:.2f} GiB"))
+    rows.append(("host memory", f"{pred.memory['host_bytes'] / GIB:.2f} GiB"))
+    cp = ", ".join(f"{k.lower()} {v:.3f}" for k, v in sorted(
+        pred.critical_path_by_channel_s.items(), key=lambda kv: -kv[1]))
+    rows.append(("critical path by channel (s)", cp))
+    w = max(len(a) for a, _ in rows)
+    return "\n".join(f"{a:<{w}}  {b}" for a, b in rows) + "\n" + pred.limiter()
+
+
+def run(args: argparse.Namespace) -> int:
+    r = resolve(args)
+    pred = predict(r.hardware, r.workload, r.plan)
+    if args.json:
+        print(json.dumps(pred.to_json(), indent=1, sort_keys=True))
+    else:
+        print(describe(r))
+        print(format_table(pred))
+    return 0

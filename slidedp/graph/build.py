@@ -1,0 +1,378 @@
+"""Build the task graph of `iterations` consecutive training steps from (workload, plan, cores).
+
+The schedule, per iteration and per rank r (units: 0 embedding, 1..L layers, L+1 head):
+  deliveries  embedding, layers 1..L, head, in the order compute needs them; a layer is
+              delivered again in backward unless it is still in the window. A delivery is
+              CAST per chunk (host, once, into a pinned staging ring) -> H2D per chunk (each rank
+              its chunks: all of them when replicated, its 1/R shard when sharded) -> ALLGATHER
+              (sharded, R > 1). With `host_bf16_copy` the update wrote the BF16 copy: no CAST.
+  compute     EMBED_FWD, FWD 1..L, HEAD_LOSS (head fwd+bwd and loss), then for l = L..1
+              RECOMPUTE (whole-layer checkpoint) and BWD, then EMBED_BWD.
+  activations ACT_OFFLOAD of layer l's input (ratio r of it) after it is produced; ACT_RELOAD
+              before RECOMPUTE(l), at most `reload_ahead_layers` layers ahead.
+  gradients   per unit, after every rank's BWD: REDUCE (gpu route: reduce to rank 0, or
+              reduce-scatter when the update is sharded) -> D2H per chunk -> ADAM per chunk; on
+              the cpu route every rank downloads every chunk and HOST_SUM adds them before ADAM.
+Edges: DATA along those arrows; the version gate I3 from ADAM(t, u, k) to the first delivery of
+unit u in t+1 that touches the same parameters; ORDER along each agent's issue order; BUFFER from
+the last readers of a slot / staging chunk / gradient buffer to the next writer.
+
+Buffers: decoder layers share `window_slots` GPU slots per rank (layer l uses slot (l-1) mod W in
+forward; a re-delivery in backward reuses the slot freed by BWD(l+W)); the embedding and the head
+have resident slots of their own, reused across iterations. Host staging rings are FIFO.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, Kind, TaskGraph
+from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
+from slidedp.spec.workload import Workload
+
+MIB = 2**20
+PARAM_BYTES = 2  # BF16 on the wire (q in method.md section 3)
+GRAD_BYTES = 2  # BF16 gradients come back
+ACT_BYTES = 2  # BF16 activations
+_OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
+
+
+def chunk_ranges(lo: int, hi: int, chunk_elems: int) -> list[tuple[int, int]]:
+    """Split [lo, hi) into consecutive chunks of at most chunk_elems elements."""
+    out = []
+    while lo < hi:
+        out.append((lo, min(hi, lo + chunk_elems)))
+        lo += chunk_elems
+    return out
+
+
+def shard_ranges(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split [0, n) into `parts` contiguous shards as equal as possible."""
+    return [(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
+
+
+class _Builder:
+    """Appends tasks and edges into flat lists; converted to numpy arrays once at the end."""
+
+    def __init__(self):
+        self.cols = {k: [] for k in ("kind", "iteration", "unit", "rank", "chunk", "agent",
+                                     "work", "elem_lo", "elem_hi", "threads", "op", "buffer")}
+        self.es, self.ed, self.ek, self.eg = [], [], [], []
+        self.agents: list[str] = []
+        self.agent_id: dict[str, int] = {}
+        self.agent_tasks: list[list[int]] = []
+        self.n = 0
+
+    def agent(self, name: str) -> int:
+        a = self.agent_id.get(name)
+        if a is None:
+            a = self.agent_id[name] = len(self.agents)
+            self.agents.append(name)
+            self.agent_tasks.append([])
+        return a
+
+    def task(self, kind, it, unit, rank, chunk, agent, work, lo=-1, hi=-1, threads=0.0, op=-1,
+             buffer=-1):
+        c = self.cols
+        c["buffer"].append(buffer)
+        c["kind"].append(int(kind))
+        c["iteration"].append(it)
+        c["unit"].append(unit)
+        c["rank"].append(rank)
+        c["chunk"].append(chunk)
+        c["agent"].append(agent)
+        c["work"].append(float(work))
+        c["elem_lo"].append(lo)
+        c["elem_hi"].append(hi)
+        c["threads"].append(threads)
+        c["op"].append(op)
+        v = self.n
+        self.n += 1
+        tasks = self.agent_tasks[agent]
+        if tasks:
+            self.edge(tasks[-1], v, EdgeKind.ORDER)
+        tasks.append(v)
+        return v
+
+    def edge(self, src: int, dst: int, kind: EdgeKind, gate: bool = False):
+        self.es.append(src)
+        self.ed.append(dst)
+        self.ek.append(int(kind))
+        self.eg.append(gate)
+
+    def edges(self, srcs, dst: int, kind: EdgeKind):
+        for s in srcs:
+            self.edge(s, dst, kind)
+
+
+class _Ring:
+    """A FIFO ring of host staging buffers: a writer waits for the previous occupant's readers."""
+
+    def __init__(self, size: int):
+        self.size, self.next = size, 0
+        self.readers: list[list[int]] = [[] for _ in range(size)]
+
+    def take(self) -> tuple[int, list[int]]:
+        i = self.next
+        self.next = (i + 1) % self.size
+        prev = self.readers[i]
+        self.readers[i] = []
+        return i, prev
+
+
+def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> TaskGraph:
+    """The task graph of `iterations` consecutive steps (>= 2 so that version gates exist)."""
+    if iterations < 1:
+        raise ValueError("iterations must be >= 1")
+    m = wl.model
+    R, L = wl.gpus, m.n_layers
+    units = m.unit_params()
+    head_u = L + 1
+    tokens = wl.tokens_per_gpu_step
+    cast_threads, update_threads = plan.threads(cores)
+    sharded = plan.param_route == ParamRoute.SHARDED and R > 1
+    scatter = plan.update_sharding == UpdateSharding.SHARDED and R > 1
+    n_workers = plan.update_workers * (R if scatter else 1)
+    worker_threads = update_threads / n_workers
+    h2d_chunk = max(1, int(plan.h2d_chunk_mib * MIB) // PARAM_BYTES)
+    d2h_chunk = max(1, int(plan.d2h_chunk_mib * MIB) // GRAD_BYTES)
+    W = plan.window_slots
+    lf = m.layer_flops_per_token(wl.seq_len)
+    hf = m.head_flops_per_token()
+    recompute = plan.activation_policy == "layer"
+    act_bytes = plan.offload_ratio * tokens * m.hidden * ACT_BYTES
+
+    b = _Builder()
+    compute = [b.agent(f"gpu{r}.compute") for r in range(R)]
+    h2d = [b.agent(f"gpu{r}.h2d") for r in range(R)]
+    d2h = [b.agent(f"gpu{r}.d2h") for r in range(R)]
+    fabric = b.agent("fabric") if R > 1 else -1
+    cast = b.agent("cpu.cast0")
+    update = [b.agent(f"cpu.update{w}") for w in range(n_workers)]
+
+    # Upload chunking per unit: list over ranks of [(lo, hi)] the rank uploads.
+    def upload_plan(u: int) -> list[list[tuple[int, int]]]:
+        n = units[u]
+        if sharded:
+            return [chunk_ranges(lo, hi, h2d_chunk) for lo, hi in shard_ranges(n, R)]
+        return [chunk_ranges(0, n, h2d_chunk)] * R
+
+    # Gradient chunking per unit: list of (worker, lo, hi), one ADAM per entry.
+    def grad_plan(u: int) -> list[tuple[int, int, int]]:
+        n = units[u]
+        parts = shard_ranges(n, R) if scatter else [(0, n)]
+        out = []
+        for p, (lo, hi) in enumerate(parts):
+            for k, (a, z) in enumerate(chunk_ranges(lo, hi, d2h_chunk)):
+                out.append((p * plan.update_workers + k % plan.update_workers, a, z))
+        return out
+
+    up_plans = [upload_plan(u) for u in range(len(units))]
+    gr_plans = [grad_plan(u) for u in range(len(units))]
+
+    staging = _Ring(plan.staging_chunks)
+    d2h_rings = {(r, w): _Ring(plan.d2h_staging_chunks) for r in range(R) for w in range(n_workers)}
+    # last readers of each GPU buffer: ("slot", r, s) / ("embed", r) / ("head", r) / ("grad", r, g)
+    readers: dict[tuple, list[int]] = {}
+    prev_adam: dict[int, list[tuple[int, int, int]]] = {}  # unit -> [(task, lo, hi)] of last iteration
+
+    def deliver(t: int, u: int, buf: tuple, slot: int, gated: bool) -> list[list[int]]:
+        """Upload unit u into GPU buffer `buf` on every rank; per rank, the tasks compute waits on.
+
+        Chunks are cast once (shared by every rank that uploads them), round-robin across the
+        ranks' shards so that every rank's first chunk is ready early.
+        """
+        gates = prev_adam.get(u, []) if gated else []
+        per_rank = up_plans[u]
+        order: list[tuple[int, int]] = []  # distinct chunks in cast order
+        owners: dict[tuple[int, int], list[int]] = {}
+        depth = max(len(x) for x in per_rank)
+        for k in range(depth):
+            for r in range(R):
+                if k < len(per_rank[r]):
+                    rng = per_rank[r][k]
+                    if rng not in owners:
+                        owners[rng] = []
+                        order.append(rng)
+                    owners[rng].append(r)
+        slot_readers = [readers.get(buf + (r,), []) for r in range(R)]
+        h2ds = [[] for _ in range(R)]
+        for k, (lo, hi) in enumerate(order):
+            src = -1
+            if not plan.host_bf16_copy:
+                i, prev = staging.take()
+                src = b.task(Kind.CAST, t, u, -1, k, cast, hi - lo, lo, hi, threads=cast_threads,
+                             buffer=i)
+                b.edges(prev, src, EdgeKind.BUFFER)
+                _gate(src, lo, hi, gates)
+            for r in owners[(lo, hi)]:
+                v = b.task(Kind.H2D, t, u, r, len(h2ds[r]), h2d[r], (hi - lo) * PARAM_BYTES, lo, hi,
+                           buffer=slot)
+                b.edges(slot_readers[r], v, EdgeKind.BUFFER)
+                if src >= 0:
+                    b.edge(src, v, EdgeKind.DATA)
+                    staging.readers[i].append(v)
+                else:
+                    _gate(v, lo, hi, gates)
+                h2ds[r].append(v)
+        if not sharded:
+            return h2ds
+        v = b.task(Kind.ALLGATHER, t, u, -1, -1, fabric, units[u] * PARAM_BYTES,
+                   0, units[u], op=_OP["all_gather"], buffer=slot)
+        for hs in h2ds:
+            b.edges(hs, v, EdgeKind.DATA)
+        return [[v]] * R
+
+    def _gate(v: int, lo: int, hi: int, gates):
+        for a, alo, ahi in gates:
+            if alo < hi and lo < ahi:
+                b.edge(a, v, EdgeKind.DATA, gate=True)
+
+    def reduce_and_update(t: int, u: int, bwd: list[int], gbuf: tuple | None):
+        """Gradient path of unit u once every rank's backward of it is done."""
+        adams = []
+        gp = gr_plans[u]
+        nbytes = units[u] * GRAD_BYTES
+        red = -1
+        if R > 1 and plan.grad_route == GradRoute.GPU:
+            op = "reduce_scatter" if scatter else "reduce"
+            red = b.task(Kind.REDUCE, t, u, -1, -1, fabric, nbytes, 0, units[u], op=_OP[op])
+            b.edges(bwd, red, EdgeKind.DATA)
+        grad_readers = {r: [] for r in range(R)}
+        if red >= 0:
+            for r in range(R):
+                grad_readers[r].append(red)
+        for k, (w, lo, hi) in enumerate(gp):
+            if plan.grad_route == GradRoute.CPU and R > 1:
+                src_ranks = range(R)
+            else:
+                src_ranks = [w // plan.update_workers if scatter else 0]
+            downs = []
+            for r in src_ranks:
+                i, prev = d2h_rings[(r, w)].take()
+                v = b.task(Kind.D2H, t, u, r, k, d2h[r], (hi - lo) * GRAD_BYTES, lo, hi, buffer=i)
+                b.edge(red if red >= 0 else bwd[r], v, EdgeKind.DATA)
+                b.edges(prev, v, EdgeKind.BUFFER)
+                grad_readers[r].append(v)
+                downs.append((r, v, i))
+            # the staging chunks are read by HOST_SUM (cpu route) or directly by ADAM
+            i = downs[0][2]
+            consumer = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
+                              (hi - lo) * (GRAD_BYTES * len(downs) + 4), lo, hi,
+                              threads=worker_threads, buffer=i) if len(downs) > 1 else -1
+            a = b.task(Kind.ADAM, t, u, -1, k, update[w], hi - lo, lo, hi, threads=worker_threads,
+                       buffer=i)
+            if consumer < 0:
+                consumer = a
+            else:
+                b.edge(consumer, a, EdgeKind.DATA)
+            for r, v, i in downs:
+                b.edge(v, consumer, EdgeKind.DATA)
+                d2h_rings[(r, w)].readers[i].append(consumer)
+            adams.append((a, lo, hi))
+        if gbuf is not None:
+            for r in range(R):
+                readers[gbuf + (r,)] = grad_readers[r]
+        return adams
+
+    for t in range(iterations):
+        gated = t > 0
+        new_adam: dict[int, list[tuple[int, int, int]]] = {}
+        # ---- forward deliveries and compute, interleaved in need order
+        emb_ready = deliver(t, 0, ("embed",), W, gated)
+        last = [-1] * R
+        act_src = [[-1] * (L + 2) for _ in range(R)]  # compute task producing layer l's input
+        for r in range(R):
+            v = b.task(Kind.EMBED_FWD, t, 0, r, -1, compute[r], tokens * m.hidden * 2)
+            b.edges(emb_ready[r], v, EdgeKind.DATA)
+            last[r] = v
+            act_src[r][1] = v
+        fwd_tasks = [[-1] * (L + 2) for _ in range(R)]
+        offloads = [[-1] * (L + 2) for _ in range(R)]
+        for layer in range(1, L + 1):
+            ready = deliver(t, layer, ("slot", (layer - 1) % W), (layer - 1) % W, gated)
+            for r in range(R):
+                if act_bytes > 0:
+                    o = b.task(Kind.ACT_OFFLOAD, t, layer, r, -1, d2h[r], act_bytes)
+                    b.edge(act_src[r][layer], o, EdgeKind.DATA)
+                    offloads[r][layer] = o
+                v = b.task(Kind.FWD, t, layer, r, -1, compute[r], lf["fwd"] * tokens)
+                b.edges(ready[r], v, EdgeKind.DATA)
+                b.edge(last[r], v, EdgeKind.DATA)
+                last[r] = v
+                fwd_tasks[r][layer] = v
+                act_src[r][layer + 1] = v
+                readers[("slot", (layer - 1) % W, r)] = [v]
+        head_ready = deliver(t, head_u, ("head",), W + 1, gated)
+        head_tasks = []
+        for r in range(R):
+            v = b.task(Kind.HEAD_LOSS, t, head_u, r, -1, compute[r], (hf["fwd"] + hf["bwd"]) * tokens)
+            b.edges(head_ready[r], v, EdgeKind.DATA)
+            b.edge(last[r], v, EdgeKind.DATA)
+            last[r] = v
+            head_tasks.append(v)
+            readers[("head", r)] = [v]
+        new_adam[head_u] = reduce_and_update(t, head_u, head_tasks, None)
+        # ---- backward
+        bwd_tasks = [[-1] * (L + 2) for _ in range(R)]
+        for layer in range(L, 0, -1):
+            resident = layer > L - W
+            ready = None if resident else deliver(t, layer, ("slot", (layer - 1) % W), (layer - 1) % W,
+                                                  False)
+            for r in range(R):
+                reload = -1
+                if act_bytes > 0:
+                    reload = b.task(Kind.ACT_RELOAD, t, layer, r, -1, h2d[r], act_bytes,
+                                    buffer=layer % plan.reload_ahead_layers)
+                    b.edge(offloads[r][layer], reload, EdgeKind.DATA)
+                    ahead = layer + plan.reload_ahead_layers
+                    if ahead <= L:
+                        b.edge(bwd_tasks[r][ahead], reload, EdgeKind.BUFFER)
+                srcs = [fwd_tasks[r][layer]] if ready is None else ready[r]
+                if recompute:
+                    rc = b.task(Kind.RECOMPUTE, t, layer, r, -1, compute[r], lf["recompute"] * tokens)
+                    b.edges(srcs, rc, EdgeKind.DATA)
+                    b.edge(last[r], rc, EdgeKind.DATA)
+                    if reload >= 0:
+                        b.edge(reload, rc, EdgeKind.DATA)
+                    last[r] = rc
+                v = b.task(Kind.BWD, t, layer, r, -1, compute[r], lf["bwd"] * tokens,
+                           buffer=layer % plan.grad_buffers)
+                b.edge(last[r], v, EdgeKind.DATA)
+                if not recompute:
+                    b.edges(srcs, v, EdgeKind.DATA)
+                    if reload >= 0:
+                        b.edge(reload, v, EdgeKind.DATA)
+                # the gradient buffer this layer writes must be drained by its previous user
+                b.edges(readers.get(("grad", layer % plan.grad_buffers, r), []), v, EdgeKind.BUFFER)
+                last[r] = v
+                bwd_tasks[r][layer] = v
+                readers[("slot", (layer - 1) % W, r)] = [v]
+            new_adam[layer] = reduce_and_update(
+                t, layer, [bwd_tasks[r][layer] for r in range(R)], ("grad", layer % plan.grad_buffers))
+        emb_bwd = []
+        for r in range(R):
+            v = b.task(Kind.EMBED_BWD, t, 0, r, -1, compute[r], tokens * m.hidden * 2)
+            b.edge(last[r], v, EdgeKind.DATA)
+            emb_bwd.append(v)
+            readers[("embed", r)] = [v]
+        new_adam[0] = reduce_and_update(t, 0, emb_bwd, None)
+        prev_adam = new_adam
+
+    c = b.cols
+    g = TaskGraph(
+        kind=np.asarray(c["kind"], np.int8), iteration=np.asarray(c["iteration"], np.int32),
+        unit=np.asarray(c["unit"], np.int32), rank=np.asarray(c["rank"], np.int32),
+        chunk=np.asarray(c["chunk"], np.int32), agent=np.asarray(c["agent"], np.int32),
+        work=np.asarray(c["work"], np.float64), elem_lo=np.asarray(c["elem_lo"], np.int64),
+        elem_hi=np.asarray(c["elem_hi"], np.int64), threads=np.asarray(c["threads"], np.float64),
+        op=np.asarray(c["op"], np.int8), buffer=np.asarray(c["buffer"], np.int32),
+        edge_src=np.asarray(b.es, np.int64), edge_dst=np.asarray(b.ed, np.int64),
+        edge_kind=np.asarray(b.ek, np.int8), edge_gate=np.asarray(b.eg, bool),
+        agents=b.agents, agent_tasks=[np.asarray(x, np.int64) for x in b.agent_tasks],
+        n_iterations=iterations, n_ranks=R, unit_params=list(units),
+        meta={"cast_threads": cast_threads, "update_threads": update_threads,
+              "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter},
+    )
+    return g
+

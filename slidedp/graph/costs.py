@@ -1,0 +1,137 @@
+"""Work -> time, in one place: task durations and the shared resources each task draws on.
+
+Durations are each task alone on its agent at the full rate of its resources (no contention):
+  FWD / RECOMPUTE / BWD   measured layer time for the shape when the hardware spec has one
+                          (fwd : bwd : recompute = 1 : 2 : 1, as their FLOPs), else
+                          FLOPs / achieved rate(hidden, tokens per micro-batch)
+  HEAD_LOSS               FLOPs / achieved rate;  EMBED_FWD / EMBED_BWD  bytes / HBM rate
+  H2D, ACT_RELOAD         bytes / per-GPU H2D rate;  D2H, ACT_OFFLOAD  bytes / per-GPU D2H rate
+  CAST                    elements / cast rate(threads);  ADAM  parameters / Adam rate(threads)
+  HOST_SUM                bytes / host DRAM rate
+  ALLGATHER, REDUCE       the fabric's collective time (ring bytes / bus rate + latency)
+Resources (each with a capacity per second; the analytic lower bound sums work over them, the
+simulator shares them between concurrent tasks):
+  gpu{r}.compute (seconds), gpu{r}.h2d, gpu{r}.d2h (bytes, per-GPU link per direction),
+  gpu{r}.duplex (bytes, both directions), host.h2d, host.d2h, host.pcie (bytes, all GPUs:
+  the host-side caps), host.dram (bytes), host.cores (core-seconds), fabric (seconds;
+  on a `pcie` fabric collectives also load each GPU's PCIe links).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slidedp.graph.tasks import COLLECTIVE_OPS, Kind, TaskGraph
+from slidedp.spec.hardware import HardwareSpec
+from slidedp.spec.workload import Workload
+
+ELEM_FP32 = 4
+
+
+@dataclass(frozen=True)
+class ResourceUse:
+    """Per-task resource draws in CSR form: task v uses res[ptr[v]:ptr[v+1]] with `amount`."""
+
+    names: list[str]
+    capacity: np.ndarray  # units of amount per second
+    ptr: np.ndarray
+    res: np.ndarray
+    amount: np.ndarray
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+
+def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
+    """Seconds of one decoder layer's fwd / bwd / recompute for one GPU's whole step (all micro-batches)."""
+    m = wl.model
+    meas = hw.gpu.measured_layer_s(m.hidden, m.ffn, wl.seq_len, wl.micro_batch)
+    if meas is not None:
+        per_mb = {"fwd": meas / 3, "bwd": 2 * meas / 3, "recompute": meas / 3}
+    else:
+        rate = hw.gpu.achieved_flops(m.hidden, wl.tokens_per_micro_batch)
+        f = m.layer_flops_per_token(wl.seq_len)
+        per_mb = {k: f[k] * wl.tokens_per_micro_batch / rate for k in ("fwd", "bwd", "recompute")}
+    return {k: v * wl.accum_steps for k, v in per_mb.items()}
+
+
+def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
+    """Seconds per task, alone on its agent (see the module docstring)."""
+    kind, work = g.kind, g.work
+    d = np.zeros(g.n_tasks)
+    lt = layer_times_s(hw, wl)
+    sel = {k: kind == int(k) for k in Kind}
+    d[sel[Kind.FWD]] = lt["fwd"]
+    d[sel[Kind.BWD]] = lt["bwd"]
+    d[sel[Kind.RECOMPUTE]] = lt["recompute"]
+    head_rate = hw.gpu.achieved_flops(wl.model.hidden, wl.tokens_per_micro_batch)
+    d[sel[Kind.HEAD_LOSS]] = work[sel[Kind.HEAD_LOSS]] / head_rate
+    emb = sel[Kind.EMBED_FWD] | sel[Kind.EMBED_BWD]
+    d[emb] = work[emb] / hw.gpu.hbm_bps
+    up = sel[Kind.H2D] | sel[Kind.ACT_RELOAD]
+    d[up] = work[up] / hw.pcie.h2d_bps
+    down = sel[Kind.D2H] | sel[Kind.ACT_OFFLOAD]
+    d[down] = work[down] / hw.pcie.d2h_bps
+    for k, rate_of in ((Kind.CAST, hw.host.cast_rate), (Kind.ADAM, hw.host.adam_rate)):
+        idx = np.flatnonzero(sel[k])
+        if len(idx):
+            rates = np.array([rate_of(t) for t in g.threads[idx]])
+            d[idx] = work[idx] / rates
+    d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / hw.host.dram_bps
+    for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
+        d[v] = hw.fabric.collective_s(COLLECTIVE_OPS[g.op[v]], work[v], g.n_ranks)
+    return d
+
+
+def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> ResourceUse:
+    """Which shared resources each task draws on and how much (see the module docstring)."""
+    R = g.n_ranks
+    names = [f"gpu{r}.{x}" for r in range(R) for x in ("compute", "h2d", "d2h", "duplex")]
+    names += ["host.h2d", "host.d2h", "host.pcie", "host.dram", "host.cores", "fabric"]
+    idx = {n: i for i, n in enumerate(names)}
+    p, h = hw.pcie, hw.host
+    cap = {f"gpu{r}.compute": 1.0 for r in range(R)}
+    for r in range(R):
+        cap[f"gpu{r}.h2d"], cap[f"gpu{r}.d2h"], cap[f"gpu{r}.duplex"] = p.h2d_bps, p.d2h_bps, p.duplex_bps
+    cap.update({"host.h2d": p.all_h2d_bps, "host.d2h": p.all_d2h_bps, "host.pcie": p.all_total_bps,
+                "host.dram": h.dram_bps, "host.cores": float(h.cores), "fabric": 1.0})
+    pcie_fabric = hw.fabric.kind == "pcie"
+    ptr, res, amt = [0], [], []
+
+    def use(name, a):
+        res.append(idx[name])
+        amt.append(a)
+
+    kinds, ranks, work, threads = g.kind.tolist(), g.rank.tolist(), g.work.tolist(), g.threads.tolist()
+    dur = durations.tolist()
+    for v, k in enumerate(kinds):
+        r, w = ranks[v], work[v]
+        if k in (Kind.FWD, Kind.BWD, Kind.RECOMPUTE, Kind.HEAD_LOSS, Kind.EMBED_FWD, Kind.EMBED_BWD):
+            use(f"gpu{r}.compute", dur[v])
+        elif k in (Kind.H2D, Kind.ACT_RELOAD):
+            use(f"gpu{r}.h2d", w), use(f"gpu{r}.duplex", w), use("host.h2d", w)
+            use("host.pcie", w), use("host.dram", w)
+        elif k in (Kind.D2H, Kind.ACT_OFFLOAD):
+            use(f"gpu{r}.d2h", w), use(f"gpu{r}.duplex", w), use("host.d2h", w)
+            use("host.pcie", w), use("host.dram", w)
+        elif k == Kind.CAST:
+            use("host.dram", w * h.cast_dram_bytes_per_elem)
+            use("host.cores", threads[v] * dur[v])
+        elif k == Kind.ADAM:
+            use("host.dram", w * h.adam_dram_bytes_per_param)
+            use("host.cores", threads[v] * dur[v])
+        elif k == Kind.HOST_SUM:
+            use("host.dram", w)
+            use("host.cores", threads[v] * dur[v])
+        elif k in (Kind.ALLGATHER, Kind.REDUCE):
+            use("fabric", dur[v])
+            if pcie_fabric:
+                per_gpu = w * (R - 1) / R
+                for q in range(R):
+                    use(f"gpu{q}.h2d", per_gpu), use(f"gpu{q}.d2h", per_gpu)
+                    use(f"gpu{q}.duplex", 2 * per_gpu)
+        ptr.append(len(res))
+    return ResourceUse(names, np.array([cap[n] for n in names]), np.asarray(ptr, np.int64),
+                       np.asarray(res, np.int64), np.asarray(amt, np.float64))

@@ -1,0 +1,134 @@
+"""Task kinds, channels, edge kinds and the compact TaskGraph container (struct of arrays).
+
+A task is (iteration, kind, unit, rank, chunk) with an agent (a serial server: a CUDA stream or
+a CPU worker) and its work in natural units:
+    compute kinds        FLOPs                 copies and collectives   bytes
+    CAST, ADAM           parameters            HOST_SUM                 bytes read from DRAM
+Units are the streamed pieces of the model: 0 = embedding, 1..L = decoder layers, L+1 = final
+norm + LM head. Fields that do not apply are -1. Edges are typed: DATA (reads what the
+predecessor wrote; the version gate I3 is a DATA edge flagged `gate`), ORDER (program order on
+one agent) and BUFFER (a slot or staging buffer is reused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+
+class Channel(IntEnum):
+    """The six logical channels of method.md section 4."""
+
+    UPLOAD = 1  # parameter preparation (cast) + H2D (+ all-gather)
+    ACTIVATION = 2  # activation offload / reload
+    COMPUTE = 3
+    REDUCTION = 4
+    DOWNLOAD = 5  # gradient D2H
+    UPDATE = 6  # CPU Adam (and host-side sum)
+
+
+class Kind(IntEnum):
+    CAST = 0
+    H2D = 1
+    ALLGATHER = 2
+    ACT_OFFLOAD = 3
+    ACT_RELOAD = 4
+    EMBED_FWD = 5
+    FWD = 6
+    HEAD_LOSS = 7
+    RECOMPUTE = 8
+    BWD = 9
+    EMBED_BWD = 10
+    REDUCE = 11
+    HOST_SUM = 12
+    D2H = 13
+    ADAM = 14
+
+    @property
+    def channel(self) -> Channel:
+        return KIND_CHANNEL[self]
+
+
+KIND_CHANNEL = {
+    Kind.CAST: Channel.UPLOAD, Kind.H2D: Channel.UPLOAD, Kind.ALLGATHER: Channel.UPLOAD,
+    Kind.ACT_OFFLOAD: Channel.ACTIVATION, Kind.ACT_RELOAD: Channel.ACTIVATION,
+    Kind.EMBED_FWD: Channel.COMPUTE, Kind.FWD: Channel.COMPUTE, Kind.HEAD_LOSS: Channel.COMPUTE,
+    Kind.RECOMPUTE: Channel.COMPUTE, Kind.BWD: Channel.COMPUTE, Kind.EMBED_BWD: Channel.COMPUTE,
+    Kind.REDUCE: Channel.REDUCTION, Kind.HOST_SUM: Channel.UPDATE,
+    Kind.D2H: Channel.DOWNLOAD, Kind.ADAM: Channel.UPDATE,
+}
+COMPUTE_KINDS = frozenset(k for k, c in KIND_CHANNEL.items() if c == Channel.COMPUTE)
+COPY_KINDS = frozenset({Kind.H2D, Kind.D2H, Kind.ACT_OFFLOAD, Kind.ACT_RELOAD})
+
+
+class EdgeKind(IntEnum):
+    DATA = 0
+    ORDER = 1
+    BUFFER = 2
+
+
+# agent name prefixes: gpu{r}.compute, gpu{r}.h2d, gpu{r}.d2h, fabric, cpu.cast{w}, cpu.update{w}
+AGENT_KINDS = ("compute", "h2d", "d2h", "fabric", "cast", "update")
+
+
+@dataclass
+class TaskGraph:
+    """Struct-of-arrays task graph; task ids are row indices, in issue order per agent."""
+
+    kind: np.ndarray  # int8
+    iteration: np.ndarray  # int32
+    unit: np.ndarray  # int32
+    rank: np.ndarray  # int32, -1 for host/fabric tasks
+    chunk: np.ndarray  # int32
+    agent: np.ndarray  # int32, index into agents
+    work: np.ndarray  # float64, natural units (see module docstring)
+    elem_lo: np.ndarray  # int64, first parameter of the unit this task touches (-1: n/a)
+    elem_hi: np.ndarray  # int64, one past the last
+    threads: np.ndarray  # float64, CPU threads a CPU task uses (0 for GPU tasks)
+    op: np.ndarray  # int8, collective op index into COLLECTIVE_OPS (-1: n/a)
+    # int32 buffer index (-1: n/a): CAST staging-ring slot; H2D / ALLGATHER GPU slot (layers
+    # 0..W-1, embedding W, head W+1); D2H, HOST_SUM, ADAM host gradient staging slot of the
+    # (rank, update worker) ring; BWD gradient buffer; ACT_RELOAD reload buffer
+    buffer: np.ndarray
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_kind: np.ndarray  # int8 EdgeKind
+    edge_gate: np.ndarray  # bool: version-gate (I3) edge
+    agents: list[str]
+    agent_tasks: list[np.ndarray]  # per agent, task ids in issue order
+    n_iterations: int
+    n_ranks: int
+    unit_params: list[int]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.kind)
+
+    @property
+    def n_edges(self) -> int:
+        return len(self.edge_src)
+
+    def label(self, v: int) -> str:
+        parts = [Kind(int(self.kind[v])).name, f"t{self.iteration[v]}", f"u{self.unit[v]}"]
+        if self.rank[v] >= 0:
+            parts.append(f"r{self.rank[v]}")
+        if self.chunk[v] >= 0:
+            parts.append(f"c{self.chunk[v]}")
+        return ":".join(parts)
+
+    def to_networkx(self):
+        """A networkx DiGraph for analysis and tests on small graphs (not for the hot path)."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.add_nodes_from(range(self.n_tasks))
+        for s, d, k, gt in zip(self.edge_src.tolist(), self.edge_dst.tolist(),
+                               self.edge_kind.tolist(), self.edge_gate.tolist(), strict=True):
+            g.add_edge(s, d, kind=EdgeKind(k), gate=gt)
+        return g
+
+
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "reduce", "all_reduce")

@@ -1,0 +1,107 @@
+"""The Timeline: one record format for simulated and measured runs, and its Chrome trace export.
+
+A record is (iteration, kind, unit, rank, chunk, agent, start_s, end_s); the simulator writes it
+from simulated clocks, the executor from CUDA events and host clocks. Chrome trace JSON (opens in
+Perfetto / chrome://tracing): one process per rank plus one for the host and one for the fabric,
+one thread per agent; exposed intervals (a GPU's compute stream idle, with the channel it waits on)
+can be added as their own lane.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slidedp.graph.tasks import KIND_CHANNEL, Kind
+
+
+@dataclass(frozen=True)
+class Record:
+    iteration: int
+    kind: str  # Kind name
+    unit: int
+    rank: int
+    chunk: int
+    agent: str
+    start_s: float
+    end_s: float
+
+    @property
+    def channel(self) -> str:
+        return KIND_CHANNEL[Kind[self.kind]].name
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """An interval where a GPU's compute stream waits: on which channel and which task."""
+
+    rank: int
+    start_s: float
+    end_s: float
+    channel: str
+    waiting_on: str  # label of the predecessor that was last to finish
+
+
+class Timeline:
+    def __init__(self, records: list[Record] | None = None, exposures: list[Exposure] | None = None,
+                 source: str = ""):
+        self.records = list(records or [])
+        self.exposures = list(exposures or [])
+        self.source = source  # "simulated" or "measured", with what produced it
+
+    def add(self, rec: Record) -> None:
+        self.records.append(rec)
+
+    def to_rows(self) -> list[dict]:
+        return [asdict(r) | {"channel": r.channel} for r in self.records]
+
+    def save_jsonl(self, path: str | Path) -> None:
+        with open(path, "w") as f:
+            for row in self.to_rows():
+                f.write(json.dumps(row) + "\n")
+
+    @staticmethod
+    def load_jsonl(path: str | Path) -> Timeline:
+        recs = []
+        with open(path) as f:
+            for line in f:
+                d = json.loads(line)
+                d.pop("channel", None)
+                recs.append(Record(**d))
+        return Timeline(recs, source=str(path))
+
+    def chrome_trace(self) -> dict:
+        """Chrome trace events: pid per rank (host = -1 -> pid 1000), tid per agent, times in us."""
+        events, tids = [], {}
+
+        def pid_of(agent: str, rank: int) -> int:
+            if agent.startswith("gpu"):
+                return int(agent[3:agent.index(".")])
+            return 1001 if agent == "fabric" else 1000
+
+        for r in self.records:
+            pid = pid_of(r.agent, r.rank)
+            tid = tids.setdefault(r.agent, len(tids))
+            name = f"{r.kind} u{r.unit}" + (f" c{r.chunk}" if r.chunk >= 0 else "")
+            events.append({"name": name, "cat": r.channel, "ph": "X", "pid": pid, "tid": tid,
+                           "ts": r.start_s * 1e6, "dur": max(r.end_s - r.start_s, 0.0) * 1e6,
+                           "args": {"iteration": r.iteration, "rank": r.rank}})
+        for e in self.exposures:
+            tid = tids.setdefault(f"gpu{e.rank}.exposed", len(tids))
+            events.append({"name": f"exposed: {e.channel}", "cat": "EXPOSED", "ph": "X",
+                           "pid": e.rank, "tid": tid, "ts": e.start_s * 1e6,
+                           "dur": (e.end_s - e.start_s) * 1e6, "args": {"waiting_on": e.waiting_on}})
+        meta = []
+        for agent, tid in tids.items():
+            pid = pid_of(agent.replace(".exposed", ".x"), -1) if agent.startswith("gpu") else pid_of(agent, -1)
+            meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": agent}})
+        pids = {ev["pid"] for ev in events}
+        for pid in pids:
+            label = {1000: "host", 1001: "fabric"}.get(pid, f"rank {pid}")
+            meta.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": label}})
+        return {"traceEvents": meta + events, "displayTimeUnit": "ms",
+                "otherData": {"source": self.source}}
+
+    def save_chrome_trace(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.chrome_trace()))

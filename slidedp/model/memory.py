@@ -1,0 +1,85 @@
+"""GPU and host memory footprints of a plan, and the feasibility check run before anything allocates.
+
+GPU, per rank (bytes):
+  window        window_slots x largest decoder layer x 2        (BF16 slots)
+  resident      embedding + head unit, x 2                      (their own slots)
+  grad_buffers  grad_buffers x largest layer x 2 + embedding and head gradients x 2
+  checkpoints   (1 - r) x L x tokens per GPU step x hidden x 2  (whole-layer checkpoints)
+                (policy none: L x tokens x activation bytes per token of the full layer)
+  reload        r > 0: reload_ahead_layers x tokens x hidden x 2
+  transient     one micro-batch's recompute + backward of one layer
+  loss          LOSS_CHUNK_TOKENS x vocab x 4 x 2 (FP32 logits of one chunk and their gradient)
+  runtime       CUDA context and allocator slack (estimate)
+Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
+with host_bf16_copy, pinned staging rings, offloaded activations of every rank, and a runtime
+allowance per rank process (estimate).
+"""
+
+from __future__ import annotations
+
+from slidedp.spec.errors import InfeasiblePlan
+from slidedp.spec.hardware import HardwareSpec
+from slidedp.spec.plan import GradRoute, Plan, UpdateSharding
+from slidedp.spec.workload import Workload
+
+GIB = 2**30
+MIB = 2**20
+LOSS_CHUNK_TOKENS = 2048
+GPU_RUNTIME_BYTES = 1.5 * GIB  # estimate: CUDA context, cuBLAS workspace, allocator slack
+HOST_RUNTIME_BYTES_PER_RANK = 3 * GIB  # estimate: python + torch + CUDA runtime per process
+STATE_BYTES_PER_PARAM = 12  # FP32 master + Adam m + Adam v
+
+
+def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
+    m = wl.model
+    units = m.unit_params()
+    layer = max(units[1:-1])
+    tok = wl.tokens_per_gpu_step
+    if plan.activation_policy == "none":
+        ckpt = m.n_layers * tok * m.activation_bytes_per_token("none")
+    else:
+        ckpt = (1 - plan.offload_ratio) * m.n_layers * tok * m.activation_bytes_per_token("layer")
+    return {
+        "window": plan.window_slots * layer * 2,
+        "resident": (units[0] + units[-1]) * 2,
+        "grad_buffers": plan.grad_buffers * layer * 2 + (units[0] + units[-1]) * 2,
+        "checkpoints": ckpt,
+        "reload": (plan.reload_ahead_layers * tok * m.hidden * 2) if plan.offload_ratio > 0 else 0.0,
+        "transient": wl.tokens_per_micro_batch * m.backward_transient_bytes_per_token(),
+        "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
+        "runtime": GPU_RUNTIME_BYTES,
+    }
+
+
+def host_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
+    m = wl.model
+    R = wl.gpus
+    n = m.total_params()
+    workers = plan.update_workers * (R if plan.update_sharding == UpdateSharding.SHARDED else 1)
+    d2h_rings = workers * (R if plan.grad_route == GradRoute.CPU else 1)
+    return {
+        "state": STATE_BYTES_PER_PARAM * n,
+        "bf16_copy": 2 * n if plan.host_bf16_copy else 0.0,
+        "staging": plan.staging_chunks * plan.h2d_chunk_mib * MIB
+        + d2h_rings * plan.d2h_staging_chunks * plan.d2h_chunk_mib * MIB,
+        "act_offload": R * plan.offload_ratio * m.n_layers * wl.tokens_per_gpu_step * m.hidden * 2,
+        "runtime": R * HOST_RUNTIME_BYTES_PER_RANK,
+    }
+
+
+def check_fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[float, float]:
+    """(GPU peak, host) bytes; raises InfeasiblePlan naming the overflow and its largest term."""
+    if wl.gpus > hw.gpu.count:
+        raise InfeasiblePlan(f"GPU count ({wl.gpus} asked, {hw.name} has {hw.gpu.count})",
+                             wl.gpus * GIB, hw.gpu.count * GIB, "use --gpus <= the hardware's count")
+    gpu, host = gpu_footprint(wl, plan), host_footprint(wl, plan)
+    g, h = sum(gpu.values()), sum(host.values())
+    if g > hw.gpu.hbm_bytes:
+        big = max(gpu, key=gpu.get)
+        raise InfeasiblePlan(f"GPU memory per GPU ({hw.gpu.model})", g, hw.gpu.hbm_bytes,
+                             f"largest term: {big} {gpu[big] / GIB:.2f} GiB")
+    if h > hw.host.ram_bytes:
+        big = max(host, key=host.get)
+        raise InfeasiblePlan("host memory", h, hw.host.ram_bytes,
+                             f"largest term: {big} {host[big] / GIB:.2f} GiB")
+    return g, h

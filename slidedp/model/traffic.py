@@ -1,0 +1,44 @@
+"""Traffic per layer and per step: the closed forms of method.md section 3, and the graph's sums.
+
+For a unit of P parameters, R ranks, q = 2 bytes per parameter on the wire and G = 2P gradient
+bytes, per delivery (forward, and again in backward unless the layer is still in the window):
+    H2D        replicated R * q * P        sharded q * P        (+ ALLGATHER of q * P on the GPUs)
+    D2H        gpu route  G                cpu route R * G      (+ REDUCE of G on the GPUs, gpu route)
+The two tests agree: the graph's per-kind sums equal these formulas for every route combination.
+"""
+
+from __future__ import annotations
+
+from slidedp.graph.build import GRAD_BYTES, PARAM_BYTES
+from slidedp.graph.tasks import Kind, TaskGraph
+from slidedp.spec.plan import GradRoute, ParamRoute, Plan
+
+TRAFFIC_KINDS = {"h2d": Kind.H2D, "d2h": Kind.D2H, "allgather": Kind.ALLGATHER,
+                 "reduce": Kind.REDUCE, "act_offload": Kind.ACT_OFFLOAD, "act_reload": Kind.ACT_RELOAD}
+
+
+def layer_traffic_bytes(params: int, ranks: int, plan: Plan) -> dict[str, float]:
+    """Bytes moved for one delivery and one gradient return of a unit of `params` parameters."""
+    sharded = plan.param_route == ParamRoute.SHARDED and ranks > 1
+    gpu_reduce = plan.grad_route == GradRoute.GPU
+    q, g = PARAM_BYTES * params, GRAD_BYTES * params
+    return {
+        "h2d": q if sharded else ranks * q,
+        "allgather": q if sharded else 0.0,
+        "d2h": g if (gpu_reduce or ranks == 1) else ranks * g,
+        "reduce": g if (gpu_reduce and ranks > 1) else 0.0,
+    }
+
+
+def graph_traffic_bytes(g: TaskGraph, iteration: int, unit: int | None = None) -> dict[str, float]:
+    """Bytes per kind of one iteration (optionally of one unit), summed from the graph."""
+    mask = g.iteration == iteration
+    if unit is not None:
+        mask &= g.unit == unit
+    return {name: float(g.work[mask & (g.kind == int(k))].sum()) for name, k in TRAFFIC_KINDS.items()}
+
+
+def deliveries_per_iteration(g: TaskGraph, iteration: int, unit: int) -> int:
+    """How many times a unit is uploaded in one iteration (1 or 2)."""
+    m = (g.iteration == iteration) & (g.unit == unit) & (g.kind == int(Kind.H2D))
+    return int((m & (g.rank == 0) & (g.chunk == 0)).sum())

@@ -1,0 +1,290 @@
+"""Hardware spec: GPUs, PCIe, host (DRAM, cores, cast and Adam rate curves) and the GPU fabric.
+
+Loaded from TOML (a preset name under slidedp/presets/hardware/ or a file). Every number carries a
+source: each section has a `source` string and may override it per field in a `sources` sub-table
+(`[pcie.sources] h2d_gbps = "..."`). Rates are converted once at load to bytes/s, FLOP/s, elements/s.
+
+Schema (units in names):
+  [hardware]  name, description
+  [gpu]       model, count, hbm_gib, hbm_gbps (memory bandwidth), peak_bf16_tflops, source
+              achieved = [[hidden, tokens, tflops], ...]   achieved dense rate of one decoder layer
+              [[gpu.layer_time]] hidden, ffn, seq, micro_batch, fwd_bwd_s, source   (optional)
+  [pcie]      h2d_gbps, d2h_gbps (one GPU, one direction), duplex_gbps (one GPU, both directions),
+              all_h2d_gbps, all_d2h_gbps, all_total_gbps (all GPUs at once: host-side caps), source
+  [host]      cores, ram_gib, dram_gbps, cast_gelem_per_s = [[threads, rate]],
+              adam_gparam_per_s = [[threads, rate]], adam_dram_bytes_per_param,
+              cast_dram_bytes_per_elem, source
+  [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
+              cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
+              efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+
+from slidedp.spec.curves import RateCurve
+from slidedp.spec.errors import SpecError
+from slidedp.spec.tomlio import Table, read_toml
+
+GB = 1e9
+GIB = 2**30
+FABRIC_KINDS = ("pcie", "nvlink-pairs", "nvswitch")
+COLLECTIVES = ("all_gather", "reduce_scatter", "reduce", "all_reduce")
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """A measured forward+backward time of one decoder layer of a given shape."""
+
+    hidden: int
+    ffn: int
+    seq: int
+    micro_batch: int
+    fwd_bwd_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    model: str
+    count: int
+    hbm_bytes: float
+    hbm_bps: float
+    peak_bf16_flops: float
+    achieved: tuple[tuple[float, float, float], ...]  # (hidden, tokens, flop/s), sorted
+    layer_times: tuple[LayerTime, ...]
+    sources: MappingProxyType
+
+    def achieved_flops(self, hidden: int, tokens: float) -> float:
+        """Achieved dense rate for a layer of width `hidden` on `tokens` tokens (FLOP/s).
+
+        Bilinear interpolation in (log hidden, log tokens) over the `achieved` table, clamped at
+        the table's edges (the rate saturates).
+        """
+        hs = sorted({h for h, _, _ in self.achieved})
+
+        def at_hidden(h: float) -> float:
+            rows = sorted((t, r) for hh, t, r in self.achieved if hh == h)
+            ts = [math.log(t) for t, _ in rows]
+            return RateCurve(tuple(ts), tuple(r for _, r in rows), "flop/s", "").at(
+                math.log(max(tokens, 1.0))
+            )
+
+        lh = math.log(hidden)
+        if hidden <= hs[0]:
+            return at_hidden(hs[0])
+        if hidden >= hs[-1]:
+            return at_hidden(hs[-1])
+        i = bisect.bisect_right(hs, hidden)
+        h0, h1 = hs[i - 1], hs[i]
+        w = (lh - math.log(h0)) / (math.log(h1) - math.log(h0))
+        return (1 - w) * at_hidden(h0) + w * at_hidden(h1)
+
+    def measured_layer_s(self, hidden: int, ffn: int, seq: int, micro_batch: float) -> float | None:
+        """Measured fwd+bwd time of one layer of this shape, linear in micro-batch; None if absent."""
+        rows = sorted(
+            (lt.micro_batch, lt.fwd_bwd_s)
+            for lt in self.layer_times
+            if (lt.hidden, lt.ffn, lt.seq) == (hidden, ffn, seq)
+        )
+        if not rows:
+            return None
+        if len(rows) == 1:
+            return rows[0][1] * micro_batch / rows[0][0]
+        # time per sample from the curve of time against batch (linear between points,
+        # extrapolated with the nearest segment's slope)
+        bs = [b for b, _ in rows]
+        i = min(max(bisect.bisect_right(bs, micro_batch), 1), len(rows) - 1)
+        (b0, t0), (b1, t1) = rows[i - 1], rows[i]
+        return max(t0 + (t1 - t0) * (micro_batch - b0) / (b1 - b0), 0.0)
+
+
+@dataclass(frozen=True)
+class PcieSpec:
+    """Per-GPU link rates and the host-side caps they share (bytes/s)."""
+
+    h2d_bps: float
+    d2h_bps: float
+    duplex_bps: float
+    all_h2d_bps: float
+    all_d2h_bps: float
+    all_total_bps: float
+    sources: MappingProxyType
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    cores: int
+    ram_bytes: float
+    dram_bps: float
+    cast_elems_per_s: RateCurve  # against threads
+    adam_params_per_s: RateCurve  # against threads
+    adam_dram_bytes_per_param: float
+    cast_dram_bytes_per_elem: float
+    sources: MappingProxyType
+
+    def cast_rate(self, threads: float) -> float:
+        return self.cast_elems_per_s.at(threads)
+
+    def adam_rate(self, threads: float) -> float:
+        return self.adam_params_per_s.at(threads)
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    kind: str
+    link_bps: float
+    cross_pair_bps: float
+    latency_s: float
+    efficiency: MappingProxyType  # collective -> fraction of link rate
+    sources: MappingProxyType
+
+    def bus_bps(self, op: str, ranks: int) -> float:
+        """Achieved bus rate of a collective among `ranks` GPUs (bytes/s per GPU per direction).
+
+        nvlink-pairs: beyond one pair the ring crosses the PCIe path between pairs.
+        """
+        link = self.link_bps
+        if self.kind == "nvlink-pairs" and ranks > 2:
+            link = min(link, self.cross_pair_bps)
+        return link * self.efficiency[op]
+
+    def collective_s(self, op: str, nbytes: float, ranks: int) -> float:
+        """Time of a collective over a buffer of `nbytes` (the full, unsharded size).
+
+        Bytes each GPU sends (ring algorithms, NCCL's bus-bandwidth convention):
+        all_gather and reduce_scatter (R-1)/R * B, all_reduce 2 (R-1)/R * B, reduce B (pipelined
+        chain: each link carries the whole buffer once).
+        """
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        f = {"all_gather": (ranks - 1) / ranks, "reduce_scatter": (ranks - 1) / ranks,
+             "all_reduce": 2 * (ranks - 1) / ranks, "reduce": 1.0}[op]
+        return self.latency_s + nbytes * f / self.bus_bps(op, ranks)
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    description: str
+    gpu: GpuSpec
+    pcie: PcieSpec
+    host: HostSpec
+    fabric: FabricSpec
+    origin: str = field(default="", compare=False)
+
+    def source_of(self, section: str, key: str) -> str:
+        return getattr(self, section).sources[key]
+
+
+def _sources(t: Table, keys: list[str]) -> MappingProxyType:
+    default = t.str("source")
+    over = t.sub("sources", {})
+    out = {k: (over.str(k) if over.has(k) else default) for k in keys}
+    over.done()
+    return MappingProxyType(out)
+
+
+def _gpu(t: Table) -> GpuSpec:
+    keys = ["count", "hbm_gib", "hbm_gbps", "peak_bf16_tflops", "achieved"]
+    model = t.str("model")
+    count = t.int("count")
+    hbm = t.num("hbm_gib") * GIB
+    hbm_bps = t.num("hbm_gbps") * GB
+    peak = t.num("peak_bf16_tflops") * 1e12
+    rows = t.raw("achieved")
+    if not isinstance(rows, list) or not rows:
+        raise SpecError(t.where, "gpu.achieved", "a non-empty list of [hidden, tokens, tflops]")
+    ach = []
+    for r in rows:
+        if not (isinstance(r, list) and len(r) == 3 and all(isinstance(v, int | float) and v > 0 for v in r)):
+            raise SpecError(t.where, "gpu.achieved", f"[hidden, tokens, tflops] positive numbers, got {r!r}")
+        if r[2] * 1e12 > peak * 1.001:
+            raise SpecError(t.where, "gpu.achieved", f"achieved <= peak_bf16_tflops, got {r!r}")
+        ach.append((float(r[0]), float(r[1]), float(r[2]) * 1e12))
+    lts = []
+    if t.has("layer_time"):
+        for s in t.subs("layer_time"):
+            lts.append(LayerTime(s.int("hidden"), s.int("ffn"), s.int("seq"), s.int("micro_batch"),
+                                 s.num("fwd_bwd_s"), s.str("source")))
+            s.done()
+    src = _sources(t, keys)
+    t.done()
+    return GpuSpec(model, count, hbm, hbm_bps, peak, tuple(sorted(ach)), tuple(lts), src)
+
+
+def _pcie(t: Table) -> PcieSpec:
+    keys = ["h2d_gbps", "d2h_gbps", "duplex_gbps", "all_h2d_gbps", "all_d2h_gbps", "all_total_gbps"]
+    vals = [t.num(k) * GB for k in keys]
+    src = _sources(t, keys)
+    t.done()
+    return PcieSpec(*vals, sources=src)
+
+
+def _host(t: Table) -> HostSpec:
+    keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
+            "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
+    src = _sources(t, keys)
+    cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
+                                "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
+    adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
+                                "param/s", src["adam_gparam_per_s"]).scaled(1e9)
+    h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
+                 t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src)
+    t.done()
+    return h
+
+
+def _fabric(t: Table) -> FabricSpec:
+    keys = ["kind", "link_gbps", "cross_pair_gbps", "latency_us", "efficiency"]
+    kind = t.str("kind", choices=FABRIC_KINDS)
+    link = t.num("link_gbps") * GB
+    cross = t.num("cross_pair_gbps", link / GB) * GB
+    lat = t.num("latency_us", allow_zero=True) * 1e-6
+    eff_t = t.sub("efficiency")
+    eff = {}
+    for op in COLLECTIVES:
+        e = eff_t.num(op)
+        if e > 1:
+            raise SpecError(t.where, f"fabric.efficiency.{op}", f"a fraction in (0, 1], got {e}")
+        eff[op] = e
+    eff_t.done()
+    src = _sources(t, keys)
+    t.done()
+    return FabricSpec(kind, link, cross, lat, MappingProxyType(eff), src)
+
+
+def parse_hardware(data: dict, where: str) -> HardwareSpec:
+    root = Table(data, where)
+    hw = root.sub("hardware")
+    name, desc = hw.str("name"), hw.str("description", "")
+    hw.done()
+    spec = HardwareSpec(name, desc, _gpu(root.sub("gpu")), _pcie(root.sub("pcie")),
+                        _host(root.sub("host")), _fabric(root.sub("fabric")), origin=where)
+    root.done()
+    return spec
+
+
+def preset_dir() -> Path:
+    return Path(str(resources.files("slidedp") / "presets" / "hardware"))
+
+
+def hardware_presets() -> list[str]:
+    return sorted(p.stem for p in preset_dir().glob("*.toml"))
+
+
+def load_hardware(name_or_path: str) -> HardwareSpec:
+    """A preset name (see `slidedp hardware list`) or a path to a hardware TOML file."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        return parse_hardware(read_toml(p), str(p))
+    preset = preset_dir() / f"{name_or_path}.toml"
+    if not preset.is_file():
+        raise SpecError("--hardware", "name", f"a preset ({', '.join(hardware_presets())}) or a TOML file, got {name_or_path!r}")
+    return parse_hardware(read_toml(preset), f"preset {name_or_path}")

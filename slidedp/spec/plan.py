@@ -1,0 +1,130 @@
+"""Plan: how a workload runs (routes, chunk sizes, buffers, activation policy, update workers).
+
+Routes (method.md section 3) change how data moves, never where state lives:
+  param_route  replicated: every rank uploads the whole BF16 layer (H2D R * q * P_l)
+               sharded:    each rank uploads 1/R, the ranks all-gather on the GPU fabric (H2D q * P_l)
+  grad_route   gpu: reduce (or reduce-scatter) on the GPUs, one aggregated copy comes back (D2H G_l)
+               cpu: every rank copies its gradient back and the host sums (D2H R * G_l)
+update_sharding  rank0: the published design, one update process (rank 0) consumes every layer;
+                 sharded: each rank's process updates its 1/R share of every layer.
+Buffers are bounded: `window_slots` GPU slots for decoder layers (the embedding and the LM head
+have their own resident slots), `staging_chunks` pinned host chunks for cast+H2D,
+`grad_buffers` GPU gradient buffers per rank, `d2h_staging_chunks` pinned host chunks per update
+worker for gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from enum import StrEnum
+from pathlib import Path
+
+from slidedp.spec.errors import SpecError
+from slidedp.spec.tomlio import Table, read_toml
+
+
+class ParamRoute(StrEnum):
+    REPLICATED = "replicated"
+    SHARDED = "sharded"
+
+
+class GradRoute(StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class UpdateSharding(StrEnum):
+    RANK0 = "rank0"
+    SHARDED = "sharded"
+
+
+class ActivationPolicy(StrEnum):
+    LAYER = "layer"  # whole-layer checkpoint: keep the layer input, recompute in backward
+    NONE = "none"  # plain autograd: keep everything, no recompute
+
+
+@dataclass(frozen=True)
+class Plan:
+    param_route: ParamRoute = ParamRoute.SHARDED
+    grad_route: GradRoute = GradRoute.GPU
+    update_sharding: UpdateSharding = UpdateSharding.RANK0
+    h2d_chunk_mib: float = 64.0
+    d2h_chunk_mib: float = 64.0
+    window_slots: int = 3
+    staging_chunks: int = 4
+    grad_buffers: int = 2
+    d2h_staging_chunks: int = 4
+    activation_policy: ActivationPolicy = ActivationPolicy.LAYER
+    offload_ratio: float = 0.0
+    reload_ahead_layers: int = 2
+    update_workers: int = 1
+    cast_threads: int = 0  # 0: a quarter of the host's cores
+    update_threads: int = 0  # 0: the cores left after the cast
+    host_bf16_copy: bool = False  # keep a BF16 copy on the host, written by the update (+2 B/param)
+
+    def __post_init__(self):
+        checks = {
+            "h2d_chunk_mib": self.h2d_chunk_mib > 0,
+            "d2h_chunk_mib": self.d2h_chunk_mib > 0,
+            "window_slots": self.window_slots >= 2,
+            "staging_chunks": self.staging_chunks >= 1,
+            "grad_buffers": self.grad_buffers >= 1,
+            "d2h_staging_chunks": self.d2h_staging_chunks >= 1,
+            "offload_ratio": 0.0 <= self.offload_ratio <= 1.0,
+            "reload_ahead_layers": self.reload_ahead_layers >= 1,
+            "update_workers": self.update_workers >= 1,
+            "cast_threads": self.cast_threads >= 0,
+            "update_threads": self.update_threads >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise SpecError("plan", name, f"a valid value (see Plan docs), got {getattr(self, name)!r}")
+
+    def threads(self, cores: int) -> tuple[int, int]:
+        """(cast threads, update threads) on a host with `cores` cores."""
+        cast = self.cast_threads or max(1, cores // 4)
+        update = self.update_threads or max(1, cores - cast)
+        return cast, update
+
+    def with_overrides(self, **kw) -> Plan:
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+_ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
+          "activation_policy": ActivationPolicy}
+
+
+def parse_plan(data: dict, where: str) -> Plan:
+    """A plan TOML: a [plan] table whose keys are Plan's fields (all optional)."""
+    root = Table(data, where)
+    t = root.sub("plan")
+    kw = {}
+    for f in fields(Plan):
+        if not t.has(f.name):
+            continue
+        if f.name in _ENUMS:
+            enum = _ENUMS[f.name]
+            kw[f.name] = enum(t.str(f.name, choices=tuple(e.value for e in enum)))
+        elif f.type == "bool":
+            kw[f.name] = t.bool(f.name)
+        elif f.type == "int":
+            kw[f.name] = t.int(f.name, minimum=0)
+        else:
+            kw[f.name] = t.num(f.name, allow_zero=True)
+    t.done()
+    root.done()
+    try:
+        return Plan(**kw)
+    except SpecError as e:
+        raise SpecError(where, f"plan.{e.field}", e.expected) from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    return parse_plan(read_toml(path), str(path))
+
+
+def default_plan(fabric_kind: str) -> Plan:
+    """Sharded upload where GPUs have their own fast links, replicated where the all-gather
+    would share the PCIe links with the uploads (method.md section 3)."""
+    route = ParamRoute.REPLICATED if fabric_kind == "pcie" else ParamRoute.SHARDED
+    return Plan(param_route=route)
