@@ -17,7 +17,7 @@ allowance per rank process (estimate).
 
 from __future__ import annotations
 
-from slidedp.spec.errors import InfeasiblePlan
+from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import GradRoute, Plan, UpdateSharding
 from slidedp.spec.workload import Workload
@@ -70,8 +70,7 @@ def host_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
 def check_fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[float, float]:
     """(GPU peak, host) bytes; raises InfeasiblePlan naming the overflow and its largest term."""
     if wl.gpus > hw.gpu.count:
-        raise InfeasiblePlan(f"GPU count ({wl.gpus} asked, {hw.name} has {hw.gpu.count})",
-                             wl.gpus * GIB, hw.gpu.count * GIB, "use --gpus <= the hardware's count")
+        raise SpecError(wl.where, "gpus", f"at most the {hw.gpu.count} GPUs of {hw.name}, got {wl.gpus}")
     gpu, host = gpu_footprint(wl, plan), host_footprint(wl, plan)
     g, h = sum(gpu.values()), sum(host.values())
     if g > hw.gpu.hbm_bytes:

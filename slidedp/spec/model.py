@@ -20,10 +20,10 @@ Parameter counts (exact; they equal `sum(p.numel())` of the model transformers b
   LM head       V h, or 0 when tie_word_embeddings (the head reuses the embedding)
 Streaming units are [embed, layer_0 .. layer_{L-1}, final norm + LM head].
 
-Qwen3-MoE layers (num_experts, also read as num_local_experts, the name transformers >= 5 writes;
-num_experts_per_tok, moe_intermediate_size; no shared experts): layer i is MoE when num_experts > 0, i is not in mlp_only_layers and
-(i + 1) % decoder_sparse_step == 0 (as transformers decides); the other layers have a dense MLP
-of intermediate_size. `dense_layers` lists the dense ones. unit_params() and total_params() are
+Qwen3-MoE (num_experts, also read as num_local_experts, the name transformers >= 5 writes;
+num_experts_per_tok; moe_intermediate_size; no shared experts): layer i is MoE when
+num_experts > 0, i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (as
+transformers decides); the other layers have a dense MLP of intermediate_size. `dense_layers` lists the dense ones. unit_params() and total_params() are
 exact per layer; layer_params() and the other per-layer methods take an optional layer index and
 without it describe the typical layer (the more common kind, MoE on a tie). Qwen3-30B-A3B is
 all-MoE (ffn = 0).
@@ -95,10 +95,16 @@ class ModelSpec:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpecError(where, f, f"a positive integer, got {v!r}")
         if self.n_heads % self.n_kv_heads:
-            raise SpecError(where, "n_kv_heads", f"a divisor of n_heads={self.n_heads}, got {self.n_kv_heads}")
+            raise SpecError(
+                where, "n_kv_heads", f"a divisor of n_heads={self.n_heads}, got {self.n_kv_heads}"
+            )
         if self.n_experts:
             if not 1 <= self.experts_per_token <= self.n_experts:
-                raise SpecError(where, "experts_per_token", f"in 1..{self.n_experts}, got {self.experts_per_token}")
+                raise SpecError(
+                    where,
+                    "experts_per_token",
+                    f"in 1..{self.n_experts}, got {self.experts_per_token}",
+                )
             if self.moe_ffn < 1:
                 raise SpecError(where, "moe_ffn", f"a positive integer, got {self.moe_ffn}")
             if any(not 0 <= i < self.n_layers for i in self.dense_layers):
@@ -237,7 +243,11 @@ class ModelSpec:
         (e h) and the router probabilities (E, fp32).
         """
         if policy not in ACTIVATION_POLICIES:
-            raise SpecError("activation policy", "policy", f"one of {', '.join(ACTIVATION_POLICIES)}, got {policy!r}")
+            raise SpecError(
+                "activation policy",
+                "policy",
+                f"one of {', '.join(ACTIVATION_POLICIES)}, got {policy!r}",
+            )
         h, q, k = self.hidden, self._q(), self._kv()
         if policy == "layer":
             return float(BF16 * h)
@@ -297,11 +307,14 @@ def parse_hf_config(cfg: dict, where: str) -> ModelSpec:
         raise SpecError(where, "model_type", f"required but missing (one of {', '.join(FAMILIES)})")
     if family not in FAMILIES:
         raise SpecError(
-            where, "model_type", f"a decoder-only causal LM, one of {', '.join(FAMILIES)}; got {family!r}"
+            where,
+            "model_type",
+            f"a decoder-only causal LM, one of {', '.join(FAMILIES)}; got {family!r}",
         )
     archs = cfg.get("architectures")
     if archs is not None and (
-        not isinstance(archs, list) or not all(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs)
+        not isinstance(archs, list)
+        or not all(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs)
     ):
         raise SpecError(where, "architectures", f"a *ForCausalLM decoder, got {archs!r}")
 
@@ -310,16 +323,26 @@ def parse_hf_config(cfg: dict, where: str) -> ModelSpec:
     n_layers = _int(cfg, "num_hidden_layers", where)
     n_heads = _int(cfg, "num_attention_heads", where)
     # absent: the config class's default; an explicit null: n_heads (transformers' __post_init__)
-    kv_default = _DEFAULT_KV_HEADS.get(family, n_heads) if "num_key_value_heads" not in cfg else n_heads
+    kv_default = (
+        _DEFAULT_KV_HEADS.get(family, n_heads) if "num_key_value_heads" not in cfg else n_heads
+    )
     n_kv = _int(cfg, "num_key_value_heads", where, kv_default)
     if n_heads % n_kv:
-        raise SpecError(where, "num_key_value_heads", f"a divisor of num_attention_heads={n_heads}, got {n_kv}")
-    hd_default = _DEFAULT_HEAD_DIM.get(family, hidden // n_heads) if "head_dim" not in cfg else hidden // n_heads
+        raise SpecError(
+            where, "num_key_value_heads", f"a divisor of num_attention_heads={n_heads}, got {n_kv}"
+        )
+    hd_default = (
+        _DEFAULT_HEAD_DIM.get(family, hidden // n_heads)
+        if "head_dim" not in cfg
+        else hidden // n_heads
+    )
     head_dim = _int(cfg, "head_dim", where, hd_default)
     tie = _bool(cfg, "tie_word_embeddings", where, False)
 
     if family in ("llama", "qwen3", "qwen3_moe") and _bool(cfg, "attention_bias", where, False):
-        raise SpecError(where, "attention_bias", "false (bias on q/k/v/o projections is not modelled)")
+        raise SpecError(
+            where, "attention_bias", "false (bias on q/k/v/o projections is not modelled)"
+        )
     if family == "llama" and _bool(cfg, "mlp_bias", where, False):
         raise SpecError(where, "mlp_bias", "false (bias on MLP projections is not modelled)")
     qkv_bias = family == "qwen2"
@@ -330,16 +353,26 @@ def parse_hf_config(cfg: dict, where: str) -> ModelSpec:
     ffn_needed = True
     if family == "qwen3_moe":
         # transformers >= 5 writes num_experts under its attribute_map name num_local_experts
-        key = "num_experts" if cfg.get("num_experts") is not None or "num_local_experts" not in cfg else "num_local_experts"
+        key = (
+            "num_experts"
+            if cfg.get("num_experts") is not None or "num_local_experts" not in cfg
+            else "num_local_experts"
+        )
         n_experts = _int(cfg, key, where, minimum=0)
         if n_experts:
             k_experts = _int(cfg, "num_experts_per_tok", where)
             if k_experts > n_experts:
-                raise SpecError(where, "num_experts_per_tok", f"at most num_experts={n_experts}, got {k_experts}")
+                raise SpecError(
+                    where,
+                    "num_experts_per_tok",
+                    f"at most num_experts={n_experts}, got {k_experts}",
+                )
             moe_ffn = _int(cfg, "moe_intermediate_size", where)
             step = _int(cfg, "decoder_sparse_step", where, 1)
             only = cfg.get("mlp_only_layers") or []
-            if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+            if not isinstance(only, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in only
+            ):
                 raise SpecError(where, "mlp_only_layers", f"a list of layer indices, got {only!r}")
             dense = tuple(i for i in range(n_layers) if i in only or (i + 1) % step != 0)
             ffn_needed = bool(dense)
