@@ -11,6 +11,7 @@ from strategies import small_plans, small_workloads
 
 from slidedp.graph import EdgeKind, Kind, build_graph
 from slidedp.graph.build import chunk_ranges, shard_ranges
+from slidedp.spec.errors import SpecError
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
 from slidedp.spec.workload import Workload
@@ -104,3 +105,18 @@ def test_scale_8x80x16x2_under_2s(route, grad):
     expect = 16 * 2 if route == ParamRoute.REPLICATED else 2 * 2  # fwd + bwd delivery
     assert layer1.sum() == expect
     assert elapsed < 2.0, f"{elapsed:.2f} s for {g.n_tasks} tasks"
+
+
+def test_per_layer_policies():
+    m = load_model("tiny-qwen3")  # 2 layers
+    wl = Workload(m, 32, 1, 1, 1)
+    plan = Plan(layer_policies=("none", "layer"), offload_ratio=0.5)
+    g = build_graph(wl, plan, cores=4, iterations=1)
+    rec = g.unit[g.kind == Kind.RECOMPUTE].tolist()
+    assert rec == [2]
+    off = {int(u): w for u, w in zip(g.unit[g.kind == Kind.ACT_OFFLOAD], g.work[g.kind == Kind.ACT_OFFLOAD], strict=True)}
+    tok = wl.tokens_per_gpu_step
+    assert off[1] == 0.5 * tok * m.activation_bytes_per_token("none")
+    assert off[2] == 0.5 * tok * m.hidden * 2
+    with pytest.raises(SpecError, match="layer_policies"):
+        build_graph(wl, Plan(layer_policies=("none",)), cores=4)

@@ -33,7 +33,6 @@ from slidedp.spec.workload import Workload
 MIB = 2**20
 PARAM_BYTES = 2  # BF16 on the wire (q in method.md section 3)
 GRAD_BYTES = 2  # BF16 gradients come back
-ACT_BYTES = 2  # BF16 activations
 _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 
@@ -139,8 +138,10 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
     W = plan.window_slots
     lf = m.layer_flops_per_token(wl.seq_len)
     hf = m.head_flops_per_token()
-    recompute = plan.activation_policy == "layer"
-    act_bytes = plan.offload_ratio * tokens * m.hidden * ACT_BYTES
+    plan.check_layers(L)
+    recompute = [False] + [plan.policy_of(layer) == "layer" for layer in range(1, L + 1)]
+    act_bytes = [0.0] + [plan.offload_ratio * tokens * m.activation_bytes_per_token(plan.policy_of(layer))
+                         for layer in range(1, L + 1)]
 
     b = _Builder()
     compute = [b.agent(f"gpu{r}.compute") for r in range(R)]
@@ -292,8 +293,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         for layer in range(1, L + 1):
             ready = deliver(t, layer, ("slot", (layer - 1) % W), (layer - 1) % W, gated)
             for r in range(R):
-                if act_bytes > 0:
-                    o = b.task(Kind.ACT_OFFLOAD, t, layer, r, -1, d2h[r], act_bytes)
+                if act_bytes[layer] > 0:
+                    o = b.task(Kind.ACT_OFFLOAD, t, layer, r, -1, d2h[r], act_bytes[layer])
                     b.edge(act_src[r][layer], o, EdgeKind.DATA)
                     offloads[r][layer] = o
                 v = b.task(Kind.FWD, t, layer, r, -1, compute[r], lf["fwd"] * tokens)
@@ -321,15 +322,15 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                                                   False)
             for r in range(R):
                 reload = -1
-                if act_bytes > 0:
-                    reload = b.task(Kind.ACT_RELOAD, t, layer, r, -1, h2d[r], act_bytes,
+                if act_bytes[layer] > 0:
+                    reload = b.task(Kind.ACT_RELOAD, t, layer, r, -1, h2d[r], act_bytes[layer],
                                     buffer=layer % plan.reload_ahead_layers)
                     b.edge(offloads[r][layer], reload, EdgeKind.DATA)
                     ahead = layer + plan.reload_ahead_layers
                     if ahead <= L:
                         b.edge(bwd_tasks[r][ahead], reload, EdgeKind.BUFFER)
                 srcs = [fwd_tasks[r][layer]] if ready is None else ready[r]
-                if recompute:
+                if recompute[layer]:
                     rc = b.task(Kind.RECOMPUTE, t, layer, r, -1, compute[r], lf["recompute"] * tokens)
                     b.edges(srcs, rc, EdgeKind.DATA)
                     b.edge(last[r], rc, EdgeKind.DATA)
@@ -339,7 +340,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                 v = b.task(Kind.BWD, t, layer, r, -1, compute[r], lf["bwd"] * tokens,
                            buffer=layer % plan.grad_buffers)
                 b.edge(last[r], v, EdgeKind.DATA)
-                if not recompute:
+                if not recompute[layer]:
                     b.edges(srcs, v, EdgeKind.DATA)
                     if reload >= 0:
                         b.edge(reload, v, EdgeKind.DATA)

@@ -4,9 +4,9 @@ GPU, per rank (bytes):
   window        window_slots x largest decoder layer x 2        (BF16 slots)
   resident      embedding + head unit, x 2                      (their own slots)
   grad_buffers  grad_buffers x largest layer x 2 + embedding and head gradients x 2
-  checkpoints   (1 - r) x L x tokens per GPU step x hidden x 2  (whole-layer checkpoints)
-                (policy none: L x tokens x activation bytes per token of the full layer)
-  reload        r > 0: reload_ahead_layers x tokens x hidden x 2
+  checkpoints   (1 - r) x sum over layers of tokens per GPU step x activation bytes per token
+                of the layer's policy (whole-layer checkpoint: hidden x 2)
+  reload        reload_ahead_layers x r x the largest layer's kept activations
   transient     one micro-batch's recompute + backward of one layer
   loss          LOSS_CHUNK_TOKENS x vocab x 4 x 2 (FP32 logits of one chunk and their gradient)
   runtime       CUDA context and allocator slack (estimate)
@@ -35,16 +35,15 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
     units = m.unit_params()
     layer = max(units[1:-1])
     tok = wl.tokens_per_gpu_step
-    if plan.activation_policy == "none":
-        ckpt = m.n_layers * tok * m.activation_bytes_per_token("none")
-    else:
-        ckpt = (1 - plan.offload_ratio) * m.n_layers * tok * m.activation_bytes_per_token("layer")
+    plan.check_layers(m.n_layers)
+    kept = [tok * m.activation_bytes_per_token(plan.policy_of(layer)) for layer in range(1, m.n_layers + 1)]
+    ckpt = (1 - plan.offload_ratio) * sum(kept)
     return {
         "window": plan.window_slots * layer * 2,
         "resident": (units[0] + units[-1]) * 2,
         "grad_buffers": plan.grad_buffers * layer * 2 + (units[0] + units[-1]) * 2,
         "checkpoints": ckpt,
-        "reload": (plan.reload_ahead_layers * tok * m.hidden * 2) if plan.offload_ratio > 0 else 0.0,
+        "reload": plan.reload_ahead_layers * plan.offload_ratio * max(kept),
         "transient": wl.tokens_per_micro_batch * m.backward_transient_bytes_per_token(),
         "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
         "runtime": GPU_RUNTIME_BYTES,
@@ -57,12 +56,14 @@ def host_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
     n = m.total_params()
     workers = plan.update_workers * (R if plan.update_sharding == UpdateSharding.SHARDED else 1)
     d2h_rings = workers * (R if plan.grad_route == GradRoute.CPU else 1)
+    kept = sum(wl.tokens_per_gpu_step * m.activation_bytes_per_token(plan.policy_of(layer))
+               for layer in range(1, m.n_layers + 1))
     return {
         "state": STATE_BYTES_PER_PARAM * n,
         "bf16_copy": 2 * n if plan.host_bf16_copy else 0.0,
         "staging": plan.staging_chunks * plan.h2d_chunk_mib * MIB
         + d2h_rings * plan.d2h_staging_chunks * plan.d2h_chunk_mib * MIB,
-        "act_offload": R * plan.offload_ratio * m.n_layers * wl.tokens_per_gpu_step * m.hidden * 2,
+        "act_offload": R * plan.offload_ratio * kept,
         "runtime": R * HOST_RUNTIME_BYTES_PER_RANK,
     }
 

@@ -10,7 +10,9 @@ update_sharding  rank0: the published design, one update process (rank 0) consum
 Buffers are bounded: `window_slots` GPU slots for decoder layers (the embedding and the LM head
 have their own resident slots), `staging_chunks` pinned host chunks for cast+H2D,
 `grad_buffers` GPU gradient buffers per rank, `d2h_staging_chunks` pinned host chunks per update
-worker for gradients.
+worker for gradients. Activations: `activation_policy` for every decoder layer, or
+`layer_policies` with one entry per layer; `offload_ratio` r of what a layer keeps goes to pinned
+host memory and is reloaded `reload_ahead_layers` layers ahead of its backward.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Plan:
     grad_buffers: int = 2
     d2h_staging_chunks: int = 4
     activation_policy: ActivationPolicy = ActivationPolicy.LAYER
+    layer_policies: tuple[ActivationPolicy, ...] = ()  # per decoder layer; () = activation_policy
     offload_ratio: float = 0.0
     reload_ahead_layers: int = 2
     update_workers: int = 1
@@ -80,6 +83,16 @@ class Plan:
             if not ok:
                 raise SpecError("plan", name, f"a valid value (see Plan docs), got {getattr(self, name)!r}")
 
+    def policy_of(self, layer: int) -> ActivationPolicy:
+        """The activation policy of decoder layer `layer` (1..L, as graph units)."""
+        return self.layer_policies[layer - 1] if self.layer_policies else self.activation_policy
+
+    def check_layers(self, n_layers: int, where: str = "plan") -> None:
+        """A per-layer policy list must name every decoder layer."""
+        if self.layer_policies and len(self.layer_policies) != n_layers:
+            raise SpecError(where, "layer_policies",
+                            f"one policy per decoder layer ({n_layers}), got {len(self.layer_policies)}")
+
     def threads(self, cores: int) -> tuple[int, int]:
         """(cast threads, update threads) on a host with `cores` cores."""
         cast = self.cast_threads or max(1, cores // 4)
@@ -102,7 +115,13 @@ def parse_plan(data: dict, where: str) -> Plan:
     for f in fields(Plan):
         if not t.has(f.name):
             continue
-        if f.name in _ENUMS:
+        if f.name == "layer_policies":
+            names = t.raw(f.name)
+            choices = tuple(e.value for e in ActivationPolicy)
+            if not isinstance(names, list) or any(n not in choices for n in names):
+                raise SpecError(where, "plan.layer_policies", f"a list of {', '.join(choices)}")
+            kw[f.name] = tuple(ActivationPolicy(n) for n in names)
+        elif f.name in _ENUMS:
             enum = _ENUMS[f.name]
             kw[f.name] = enum(t.str(f.name, choices=tuple(e.value for e in enum)))
         elif f.type == "bool":
