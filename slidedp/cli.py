@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from slidedp.commands import listing, predict
+from slidedp.commands import listing, predict, simulate, sweep
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 
-COMMANDS = [predict, listing]
+COMMANDS = [predict, simulate, sweep, listing]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,155 @@
+"""Resource models of the simulator: what a running task draws on and how concurrent draws share.
+
+Every task runs on its agent (a serial server, see engine.py) and, while it runs, draws on shared
+resources. The draws come from slidedp.graph.costs.resource_use, the same data the analytic lower
+bound sums, so the model and the simulator turn the same knobs. A task alone runs at full rate and
+takes durations[v] seconds (costs.task_durations); with others it runs at a *speed* s in [0, 1]
+(fraction of its full rate) and its remaining work, in seconds at full rate, drops by s per second.
+
+Resources (capacity per second; a task's demand is its draw divided by its duration):
+  gpu{r}.compute  one serial compute stream per GPU, capacity 1 (stream-seconds per second). A
+                  compute task demands 1. A running collective also occupies a fraction of every
+                  participating GPU's SMs (SimConfig.collective_sm_fraction), so compute and
+                  collectives slow each other while both run.
+  gpu{r}.h2d, gpu{r}.d2h   the GPU's PCIe link, one direction (bytes/s; one DMA engine per GPU and
+                  direction is its agent). gpu{r}.duplex: both directions of that link together.
+  host.h2d, host.d2h, host.pcie   host-side caps of all GPUs' DMA at once (per direction, and
+                  both directions). On a `pcie` fabric, collectives load the GPUs' links too, so
+                  all-gather / reduce traffic competes with H2D / D2H.
+  host.dram       host DRAM bandwidth, shared by DMA reads and writes, the FP32 -> BF16 cast,
+                  CPU Adam and the host-side gradient sum (bytes/s).
+  host.cores      the CPU core pool (cores). Not shared by speed but by threads, first (below).
+  fabric          the GPU fabric (seconds of collective per second; nvswitch, nvlink-pairs and
+                  pcie differ in the collective's duration, costs.task_durations).
+
+Sharing rule, in two stages, recomputed whenever a task starts or ends:
+  1. cores: CPU tasks (CAST, ADAM, HOST_SUM) ask for `threads` cores. If the pool has enough,
+     each gets what it asks; otherwise cores are split max-min fair (water-filling on thread
+     counts). A task holding c of its t threads runs at most at rate(c) / rate(t) of its full
+     rate, with rate() the host's measured curve (cast, Adam; linear for HOST_SUM), so a pool
+     shared by workers beyond the saturation knee loses little.
+  2. bandwidth: speeds are max-min fair (progressive filling): all speeds rise together from 0;
+     when a resource's capacity is reached, the tasks on it freeze at that speed; when a task
+     reaches its ceiling from stage 1 it freezes; the others keep rising. Equal speed = equal
+     fraction of each task's own full rate, so two identical DMAs through a saturated host cap
+     get equal bytes/s.
+The rule has no memory: rates depend only on the set of running tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from slidedp.graph.costs import ResourceUse
+from slidedp.graph.tasks import Kind, TaskGraph
+from slidedp.spec.hardware import HardwareSpec
+
+REL_EPS = 1e-12
+
+
+@dataclass
+class Flow:
+    """One running task under contention; `rem_s` is its remaining work in seconds at full rate."""
+
+    task: int
+    rem_s: float
+    uses: list[tuple[int, float]]  # (resource index, demand per second at full speed)
+    threads: float = 0.0  # CPU threads asked (0: not a CPU task)
+    curve: Callable[[float], float] | None = None  # rate against threads (None: linear)
+    pool: int = -1  # index of the core pool (a `.cores` resource), -1 for GPU tasks
+    cap: float = 1.0  # speed ceiling after the core allocation
+    speed: float = 1.0
+    cores: float = 0.0  # cores held now
+    core_s: float = 0.0  # core-seconds held so far
+    done: object = field(default=None, repr=False)  # the simpy event fired at completion
+
+
+def allocate_cores(flows: list[Flow], pool_cores: dict[int, float]) -> None:
+    """Stage 1: split each core pool between its CPU flows, max-min fair on threads; set caps."""
+    by_pool: dict[int, list[Flow]] = {}
+    for f in flows:
+        if f.pool >= 0:
+            by_pool.setdefault(f.pool, []).append(f)
+    for pool, fs in by_pool.items():
+        left, todo = pool_cores[pool], sorted(fs, key=lambda f: (f.threads, f.task))
+        while todo:
+            share = left / len(todo)
+            f = todo.pop(0)
+            f.cores = min(f.threads, share)
+            left -= f.cores
+        for f in fs:
+            if f.cores >= f.threads:
+                f.cap = 1.0
+            elif f.curve is None:
+                f.cap = f.cores / f.threads
+            else:
+                f.cap = f.curve(f.cores) / f.curve(f.threads)
+
+
+def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
+    """Stage 2: max-min fair speeds by progressive filling, each flow capped at its `cap`."""
+    left: dict[int, float] = {}
+    for f in flows:
+        for j, _ in f.uses:
+            left[j] = capacity[j]
+    unfrozen = flows
+    level = 0.0
+    while unfrozen:
+        demand: dict[int, float] = {}
+        for f in unfrozen:
+            for j, d in f.uses:
+                demand[j] = demand.get(j, 0.0) + d
+        nxt = min(f.cap for f in unfrozen)
+        saturated = set()
+        for j, d in demand.items():
+            if d > 0:
+                sat = level + max(left[j], 0.0) / d
+                if sat < nxt * (1 - REL_EPS):
+                    nxt, saturated = sat, {j}
+                elif sat <= nxt * (1 + REL_EPS):
+                    saturated.add(j)
+        rise = nxt - level
+        for j, d in demand.items():
+            left[j] -= d * rise
+        level = nxt
+        keep = []
+        for f in unfrozen:
+            if f.cap <= level * (1 + REL_EPS) or any(j in saturated for j, _ in f.uses):
+                f.speed = min(level, f.cap)
+            else:
+                keep.append(f)
+        unfrozen = keep
+
+
+def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: HardwareSpec,
+                    collective_sm_fraction: float):
+    """Per task: (demands [(resource, per second)], core pool index, rate curve). Built once.
+
+    Demands are draws / duration; draws on a `.cores` pool become the pool index (stage 1).
+    Collectives add `collective_sm_fraction` of each rank's compute stream.
+    """
+    names = use.names
+    pools = {i for i, n in enumerate(names) if n.endswith(".cores")}
+    compute_of = [names.index(f"gpu{r}.compute") for r in range(g.n_ranks)]
+    curves = {int(Kind.CAST): hw.host.cast_rate, int(Kind.ADAM): hw.host.adam_rate}
+    coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
+    ptr, res, amt = use.ptr.tolist(), use.res.tolist(), use.amount.tolist()
+    kinds, dur = g.kind.tolist(), durations.tolist()
+    specs = []
+    for v, k in enumerate(kinds):
+        d = dur[v]
+        uses, pool = [], -1
+        if d > 0:
+            for i in range(ptr[v], ptr[v + 1]):
+                j = res[i]
+                if j in pools:
+                    pool = j
+                elif amt[i] > 0:
+                    uses.append((j, amt[i] / d))
+            if k in coll and collective_sm_fraction > 0:
+                uses += [(j, collective_sm_fraction) for j in compute_of]
+        specs.append((uses, pool, curves.get(k)))
+    return specs

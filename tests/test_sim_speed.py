@@ -1,0 +1,23 @@
+"""Speed: one steady step of 8 ranks x 80 layers x 16 chunks per layer in under 2 s."""
+
+import pytest
+
+from slidedp.graph.build import build_graph
+from slidedp.graph.costs import resource_use, task_durations
+from slidedp.sim.engine import SimConfig, run_graph
+from slidedp.spec.hardware import load_hardware
+from slidedp.spec.model import load_model
+from slidedp.spec.plan import ParamRoute, Plan
+from slidedp.spec.workload import Workload
+
+
+@pytest.mark.parametrize("route", list(ParamRoute))
+def test_8x80x16_step_under_2s(route):
+    hw, m = load_hardware("h100x8"), load_model("qwen2.5-72b")
+    chunk = m.layer_params() * 2 / 16 / 2**20 * 1.0001  # 16 chunks per layer
+    wl = Workload(m, 4096, 8, 1, 8)
+    plan = Plan(param_route=route, h2d_chunk_mib=chunk, d2h_chunk_mib=chunk)
+    g = build_graph(wl, plan, hw.host.cores, iterations=3)
+    d = task_durations(g, hw, wl)
+    run = run_graph(g, d, resource_use(g, hw, d), hw, SimConfig())
+    assert run.wall_s / g.n_iterations < 2.0, f"{run.wall_s:.2f} s for {g.n_iterations} steps"
