@@ -14,7 +14,8 @@ simulator shares them between concurrent tasks):
   gpu{r}.compute (seconds), gpu{r}.h2d, gpu{r}.d2h (bytes, per-GPU link per direction),
   gpu{r}.duplex (bytes, both directions), host.h2d, host.d2h, host.pcie (bytes, all GPUs:
   the host-side caps), host.dram (bytes), host.cores (core-seconds), fabric (seconds;
-  on a `pcie` fabric collectives also load each GPU's PCIe links).
+  on a `pcie` fabric collectives also load each GPU's PCIe links and, since peer traffic
+  crosses the root complex, the host-side all-GPU cap host.pcie).
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
                 for q in range(R):
                     use(f"gpu{q}.h2d", per_gpu), use(f"gpu{q}.d2h", per_gpu)
                     use(f"gpu{q}.duplex", 2 * per_gpu)
+                # peer traffic crosses the host's root complex: it shares the host-side cap
+                use("host.pcie", R * per_gpu)
         ptr.append(len(res))
     return ResourceUse(names, np.array([cap[n] for n in names]), np.asarray(ptr, np.int64),
                        np.asarray(res, np.int64), np.asarray(amt, np.float64))
