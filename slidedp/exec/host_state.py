@@ -1,0 +1,182 @@
+"""HostState: the one host copy of the optimizer state (FP32 master, Adam m and v, step counts).
+
+Per streaming unit (layout.py: 0 embedding, 1..L layers, L+1 final norm + head) the FP32 master,
+exp_avg and exp_avg_sq are flat slices of three files in /dev/shm, mapped with
+torch.from_file(shared=True): 12 bytes per parameter, one copy per host, and a second process
+(a later rank process) maps the same memory with `HostState.attach(name)`. Optionally a fourth
+file holds the parameters in the compute dtype (`copy_dtype`, BF16 on GPUs: the plan's
+`host_bf16_copy`), written by the update and uploaded directly, with no cast in the next step.
+
+Pinning (`pin()`): only what a DMA reads is page-locked, with cudaHostRegister on the exact
+mapping (pin_memory() would copy and round the size up to a power of two): the parameter copy.
+The master and the moments are touched by the CPU only.
+
+The creator owns the files and unlinks them on close(); an attached process only unmaps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import torch
+
+from slidedp.exec.layout import model_layout
+
+SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cuda_host_register(t: torch.Tensor) -> None:
+    """Page-lock exactly t's bytes for DMA (raises if the CUDA runtime refuses)."""
+    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    if int(err) != 0:
+        raise RuntimeError(
+            f"cudaHostRegister of {t.numel() * t.element_size()} bytes failed: {err}"
+        )
+
+
+def cuda_host_unregister(t: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+
+
+class HostState:
+    """Flat FP32 master / exp_avg / exp_avg_sq per unit in shared memory, plus per-unit steps."""
+
+    def __init__(
+        self, name: str, unit_numels: list[int], copy_dtype: torch.dtype | None, owner: bool
+    ):
+        self.name = name
+        self.unit_numels = list(unit_numels)
+        self.copy_dtype = copy_dtype
+        self.owner = owner
+        self.offsets = [0]
+        for n in self.unit_numels:
+            self.offsets.append(self.offsets[-1] + n)
+        total = self.offsets[-1]
+        self.master = self._map("master", total, torch.float32)
+        self.exp_avg = self._map("exp_avg", total, torch.float32)
+        self.exp_avg_sq = self._map("exp_avg_sq", total, torch.float32)
+        self.steps = self._map("steps", len(self.unit_numels), torch.int64)  # updates done per unit
+        self.copy = self._map("copy", total, copy_dtype) if copy_dtype is not None else None
+        self._pinned: list[torch.Tensor] = []
+
+    # ---- creation / attachment -------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, unit_numels: list[int], copy_dtype: torch.dtype | None = None, name: str | None = None
+    ) -> HostState:
+        """New zero-filled state (the files are created sparse: pages appear when written)."""
+        name = name or f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        meta = {
+            "unit_numels": list(unit_numels),
+            "copy_dtype": None if copy_dtype is None else str(copy_dtype).removeprefix("torch."),
+        }
+        (SHM_DIR / f"{name}.json").write_text(json.dumps(meta))
+        return cls(name, unit_numels, copy_dtype, owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> HostState:
+        """Map the state another process created under `name` (same memory, no copy)."""
+        meta = json.loads((SHM_DIR / f"{name}.json").read_text())
+        dt = meta["copy_dtype"]
+        return cls(name, meta["unit_numels"], None if dt is None else _DTYPES[dt], owner=False)
+
+    def _path(self, what: str) -> Path:
+        return SHM_DIR / f"{self.name}.{what}"
+
+    def _map(self, what: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_file(str(self._path(what)), shared=True, size=max(numel, 1), dtype=dtype)[
+            :numel
+        ]
+
+    # ---- per-unit access -------------------------------------------------------------------
+
+    @property
+    def n_units(self) -> int:
+        return len(self.unit_numels)
+
+    def _unit(self, t: torch.Tensor, u: int) -> torch.Tensor:
+        return t[self.offsets[u] : self.offsets[u + 1]]
+
+    def unit_master(self, u: int) -> torch.Tensor:
+        return self._unit(self.master, u)
+
+    def unit_m(self, u: int) -> torch.Tensor:
+        return self._unit(self.exp_avg, u)
+
+    def unit_v(self, u: int) -> torch.Tensor:
+        return self._unit(self.exp_avg_sq, u)
+
+    def unit_copy(self, u: int) -> torch.Tensor:
+        """The unit's parameters in the compute dtype (only with copy_dtype)."""
+        return self._unit(self.copy, u)
+
+    def write_unit(self, u: int, flat: torch.Tensor) -> None:
+        """Set unit u's master (and parameter copy) from a flat tensor of any float dtype."""
+        self.unit_master(u).copy_(flat.reshape(-1))
+        if self.copy is not None:
+            self.unit_copy(u).copy_(self.unit_master(u))
+
+    # ---- initialisation --------------------------------------------------------------------
+
+    def init_from_model(self, model: torch.nn.Module) -> None:
+        """Masters from a transformers *ForCausalLM's parameters; Adam state and steps zeroed."""
+        sd = model.state_dict()
+        for lay in model_layout(model):
+            self.write_unit(lay.unit, torch.cat([sd[e.name].reshape(-1) for e in lay.entries]))
+        self.exp_avg.zero_()
+        self.exp_avg_sq.zero_()
+        self.steps.zero_()
+
+    def init_random(self, config, seed: int) -> None:
+        """The weights transformers' from_config draws under torch.manual_seed(seed).
+
+        Builds the whole model in FP32 on the CPU once (fine for test and small models; large
+        models are loaded unit by unit by the io module through write_unit).
+        """
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.init_from_model(AutoModelForCausalLM.from_config(config))
+
+    # ---- checkpoints -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Views (no copies) of every unit's state: unit{u}.master / .exp_avg / .exp_avg_sq, steps."""
+        out = {"steps": self.steps}
+        for u in range(self.n_units):
+            out[f"unit{u}.master"] = self.unit_master(u)
+            out[f"unit{u}.exp_avg"] = self.unit_m(u)
+            out[f"unit{u}.exp_avg_sq"] = self.unit_v(u)
+        return out
+
+    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy a state_dict() in place (tensors may be memory-mapped: read once, no extra copy)."""
+        for key, dst in self.state_dict().items():
+            if key not in sd or sd[key].numel() != dst.numel():
+                raise KeyError(f"HostState.load_state_dict: missing or mis-sized {key!r}")
+            dst.copy_(sd[key].reshape(-1) if dst.dim() == 1 else sd[key])
+        if self.copy is not None:
+            self.copy.copy_(self.master)
+
+    # ---- DMA pinning and teardown ------------------------------------------------------------
+
+    def pin(self) -> None:
+        """Page-lock the parameter copy (the only state a DMA reads) with an exact registration."""
+        if self.copy is not None and not self._pinned and self.copy.numel():
+            cuda_host_register(self.copy)
+            self._pinned.append(self.copy)
+
+    def close(self) -> None:
+        for t in self._pinned:
+            cuda_host_unregister(t)
+        self._pinned.clear()
+        self.master = self.exp_avg = self.exp_avg_sq = self.steps = self.copy = None
+        if self.owner:
+            for what in ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json"):
+                self._path(what).unlink(missing_ok=True)
