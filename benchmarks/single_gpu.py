@@ -1,0 +1,166 @@
+"""Single-GPU host-streaming benchmark (issue 4): ours against a compute-only reference, same run.
+
+For each (model, micro-batch, plan): random weights written unit by unit into the shared host
+state, `iters` real optimizer steps of the engine in BF16 at sequence `seq`, the steady-state step
+time (mean of steps after `discard`), tokens/s, achieved TFLOP/s (FLOPs from the model spec with
+recompute: fwd + recompute + bwd = 4 x fwd per layer, plus the LM head), GPU peak reserved, host
+PSS per billion parameters, per-channel busy seconds of the last step; then the compute-only
+reference (benchmarks/compute_reference.py: every parameter resident, no host work) on the same
+micro-batch, and the ratio reference_step / our_step.
+
+usage: PYTHONPATH=$PWD python3 benchmarks/single_gpu.py OUT.json MODEL:MB[,MB...] [...]
+         [--iters 10] [--discard 5] [--seq 4096] [--bf16-copy both|on|off]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import sys
+import time
+from datetime import date
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from compute_reference import reference_step_s  # noqa: E402
+
+from slidedp.exec.adamw import AdamWConfig  # noqa: E402
+from slidedp.exec.engine import Engine  # noqa: E402
+from slidedp.exec.host_state import HostState  # noqa: E402
+from slidedp.exec.io import RandomInit, hf_config, meta_layout  # noqa: E402
+from slidedp.spec.model import load_model  # noqa: E402
+from slidedp.spec.plan import Plan  # noqa: E402
+from slidedp.spec.workload import Workload  # noqa: E402
+
+GIB = 2**30
+
+
+def host_pss_bytes() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return -1
+
+
+def fill_random(init: RandomInit, layout, state: HostState, block_elems: int = 2**26) -> None:
+    """Random weights in seconds instead of minutes: every 'normal' tensor is filled from one
+    pre-drawn N(0, std) block (wrapping around), norms with ones, as RandomInit's rules say.
+    The values are not HF's exact init; for timing, they need only be real, non-zero numbers."""
+    g = torch.Generator().manual_seed(0)
+    block = torch.empty(block_elems).normal_(0.0, init.std, generator=g)
+    pos = 0
+    for u, ul in enumerate(layout):
+        flat = state.unit_master(u)
+        for e in ul.entries:
+            view = flat[e.offset:e.offset + e.numel]
+            if init.rules[e.name] != "normal":
+                view.fill_(1.0 if init.rules[e.name] == "ones" else 0.0)
+                continue
+            done = 0
+            while done < e.numel:
+                n = min(e.numel - done, block_elems - pos)
+                view[done:done + n].copy_(block[pos:pos + n])
+                done += n
+                pos = (pos + n) % block_elems
+        if state.copy is not None:
+            state.unit_copy(u).copy_(flat)
+
+
+def step_flops(spec, wl) -> float:
+    f = spec.layer_flops_per_token(wl.seq_len)
+    h = spec.head_flops_per_token()
+    per_tok = spec.n_layers * (f["fwd"] + f["recompute"] + f["bwd"]) + h["fwd"] + h["bwd"]
+    return per_tok * wl.tokens_per_step
+
+
+def run_ours(name: str, mb: int, seq: int, plan: Plan, iters: int, discard: int) -> dict:
+    spec = load_model(name)
+    cfg = hf_config(dict(spec.config))
+    wl = Workload(spec, seq, mb, mb, 1)
+    t0 = time.perf_counter()
+    model, layout = meta_layout(cfg)
+    state = HostState.create([u.numel for u in layout], torch.bfloat16 if plan.host_bf16_copy else None)
+    fill_random(RandomInit(model, layout, seed=0), layout, state)
+    init_s = time.perf_counter() - t0
+    eng = Engine(dict(spec.config), wl, plan, device="cuda", dtype=torch.bfloat16,
+                 optimizer=AdamWConfig(lr=1e-5, betas=(0.9, 0.95), weight_decay=0.0),
+                 host_state=state)
+    torch.cuda.reset_peak_memory_stats()
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randint(0, spec.vocab_size, (wl.global_batch, seq), generator=gen)
+    times, losses, last = [], [], None
+    for _ in range(iters):
+        last = eng.step(data)
+        times.append(last.step_time_s)
+        losses.append(last.loss)
+    steady = times[discard:]
+    step = sum(steady) / len(steady)
+    out = {
+        "model": name, "params": spec.total_params(), "micro_batch": mb, "seq": seq,
+        "plan": {"host_bf16_copy": plan.host_bf16_copy, "window_slots": plan.window_slots,
+                 "h2d_chunk_mib": plan.h2d_chunk_mib, "d2h_chunk_mib": plan.d2h_chunk_mib},
+        "step_s": step, "all_steps_s": [round(x, 4) for x in times],
+        "tokens_per_s": wl.tokens_per_step / step,
+        "tflops": step_flops(spec, wl) / step / 1e12,
+        "gpu_peak_gib": torch.cuda.max_memory_reserved() / GIB,
+        "host_pss_gib": host_pss_bytes() / GIB,
+        "host_pss_gib_per_bparam": host_pss_bytes() / GIB / (spec.total_params() / 1e9),
+        "channel_s_last_step": last.channel_s, "loss_first_last": [losses[0], losses[-1]],
+        "init_s": init_s,
+    }
+    eng.close()
+    state.close()
+    del eng, state
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("cases", nargs="+", help="MODEL:MB[,MB...]")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--discard", type=int, default=5)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--bf16-copy", choices=["both", "on", "off"], default="both")
+    ap.add_argument("--no-reference", action="store_true")
+    a = ap.parse_args()
+    copies = {"both": [False, True], "on": [True], "off": [False]}[a.bf16_copy]
+    rows = []
+    meta = {"date": str(date.today()), "host": socket.gethostname(),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "command": " ".join(sys.argv), "cpus": os.cpu_count()}
+    for case in a.cases:
+        name, mbs = case.split(":")
+        for mb in [int(x) for x in mbs.split(",")]:
+            ref = None if a.no_reference else reference_step_s(
+                dict(load_model(name).config), mb, a.seq, iters=a.iters, discard=a.discard)
+            for copy in copies:
+                r = run_ours(name, mb, a.seq, Plan(host_bf16_copy=copy), a.iters, a.discard)
+                if ref:
+                    r["reference_step_s"] = ref["step_s"]
+                    r["reference_gpu_peak_gib"] = ref["gpu_peak_bytes"] / GIB
+                    r["ratio_to_reference"] = ref["step_s"] / r["step_s"]
+                rows.append(r)
+                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                                  for k, v in r.items() if k != "channel_s_last_step"}), flush=True)
+                with open(a.out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"{'model':<10}{'mb':>3}{'copy':>6}{'step s':>8}{'ref s':>8}{'ratio':>7}{'tok/s':>8}"
+          f"{'TFLOP/s':>8}{'GPU GiB':>8}{'PSS/B':>7}")
+    for r in rows:
+        print(f"{r['model']:<10}{r['micro_batch']:>3}{str(r['plan']['host_bf16_copy']):>6}"
+              f"{r['step_s']:>8.3f}{r.get('reference_step_s', float('nan')):>8.3f}"
+              f"{r.get('ratio_to_reference', float('nan')):>7.3f}{r['tokens_per_s']:>8.0f}"
+              f"{r['tflops']:>8.0f}{r['gpu_peak_gib']:>8.1f}{r['host_pss_gib_per_bparam']:>7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
