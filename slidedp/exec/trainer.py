@@ -1,0 +1,202 @@
+"""The training loop: model source -> footprint check -> data -> host state -> Engine steps ->
+metrics, checkpoints, trace, and the final Hugging Face export.
+
+Order of work (nothing large is allocated before the check):
+  1. the workload (one rank) and the footprint of the plan from the analytic model
+     (model/memory.py check_fits) against the hardware: InfeasiblePlan if it does not fit;
+  2. the data (token ids checked against the vocab), the checkpoint to resume from (its model
+     fingerprint and data position must match);
+  3. the Engine (window, rings, host state in shared memory), then the host state is filled unit
+     by unit: from the model directory's safetensors, a preset's per-unit random init (seeded),
+     or the checkpoint (master, Adam m and v, per-unit step counts, RNG, data position).
+Each step takes the next global batch and the schedule's rate (schedule.py); the loss is the
+mean over all the global batch's tokens (the Engine accumulates the micro-batches).
+Checkpoints go to OUT/checkpoints/step-N (exec/checkpoint.py: atomic, the newest
+`keep_checkpoints` kept) every `checkpoint_every` steps and after the last step; the final
+model goes to OUT/final in `dtype` (exec/io/export.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from slidedp.exec.adamw import AdamWConfig
+from slidedp.exec.checkpoint import (
+    META,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
+from slidedp.exec.data import Batches, open_tokens
+from slidedp.exec.engine import Engine, StepResult
+from slidedp.exec.io import ModelSource, export_hf
+from slidedp.exec.metrics import MetricsLog, metrics_row
+from slidedp.exec.schedule import LrSchedule
+from slidedp.model.memory import check_fits
+from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import HardwareSpec, load_hardware
+from slidedp.spec.plan import Plan
+from slidedp.spec.workload import Workload
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MEMINFO = Path("/proc/meminfo")
+KIB = 1024
+BASE_HARDWARE = "h200x1"  # local_hardware() replaces its memory sizes and core count
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    out: Path
+    data: str
+    seq: int
+    global_batch: int
+    micro_batch: int
+    steps: int
+    optimizer: AdamWConfig
+    schedule: LrSchedule
+    dtype: str  # compute and export dtype: float32 | bfloat16
+    device: str  # cpu | cuda
+    seed: int
+    shuffle: bool
+    checkpoint_every: int  # 0: only after the last step
+    keep_checkpoints: int
+    resume: bool
+    trace: Path | None  # Chrome trace of the last step's measured Timeline
+    plan: Plan
+    hardware: HardwareSpec
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.out / "checkpoints"
+
+
+def local_hardware(device: str) -> HardwareSpec:
+    """The footprint check's hardware: this machine's available host RAM (/proc/meminfo) and
+    cores, and the CUDA device's total memory; on the CPU the device buffers live in host RAM,
+    so the "GPU" budget is the available host RAM too. Rates (unused by the check) are
+    BASE_HARDWARE's."""
+    base = load_hardware(BASE_HARDWARE)
+    ram = float(base.host.ram_bytes)
+    if MEMINFO.is_file():
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                ram = float(int(line.split()[1]) * KIB)
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        gpu = replace(base.gpu, model=props.name, count=1, hbm_bytes=float(props.total_memory))
+    else:
+        gpu = replace(base.gpu, model="cpu (device buffers in host RAM)", count=1, hbm_bytes=ram)
+    host = replace(base.host, ram_bytes=ram, cores=os.cpu_count() or 1)
+    return replace(base, name=f"local {device}", description="this machine", gpu=gpu, host=host)
+
+
+class Trainer:
+    """One training run; use as a context manager (closes the engine and the host state)."""
+
+    def __init__(self, cfg: TrainConfig, source: ModelSource):
+        self.cfg, self.source = cfg, source
+        self.wl = Workload(source.spec, cfg.seq, cfg.global_batch, cfg.micro_batch, 1,
+                           where="command line")
+        self.gpu_bytes, self.host_bytes = check_fits(cfg.hardware, self.wl, cfg.plan)
+        data = open_tokens(cfg.data, cfg.seq, source.spec.vocab_size, source.model_dir)
+        self.batches = Batches(data, cfg.global_batch, cfg.shuffle, cfg.seed)
+        ckpt = latest_checkpoint(cfg.checkpoint_root)
+        if cfg.resume and ckpt is None:
+            raise SpecError(str(cfg.checkpoint_root), "<checkpoint>",
+                            "a complete checkpoint to resume from (none found)")
+        if not cfg.resume and (ckpt is not None or (cfg.out / "final").exists()):
+            raise SpecError(str(cfg.out), "--out", "a directory without an earlier run "
+                            "(pass --resume to continue it, or choose another --out)")
+        meta = reader = None
+        if ckpt is not None:
+            meta, reader = load_checkpoint(ckpt, source.fingerprint())
+            self.batches.load_state_dict(meta["data"], where=str(ckpt / META))
+        torch.manual_seed(cfg.seed)
+        self.engine = self._engine()
+        hs = self.engine.host_state
+        try:
+            for u in range(hs.n_units):
+                if reader is None:
+                    source.read_unit(u, out=hs.unit_master(u))
+                else:
+                    reader.read_unit(u, hs.unit_master(u), hs.unit_m(u), hs.unit_v(u))
+            if hs.copy is not None:
+                hs.copy.copy_(hs.master)
+            self.step = 0
+            if meta is not None:
+                hs.steps.copy_(torch.tensor(meta["unit_steps"], dtype=torch.int64))
+                restore_rng(meta["rng"])
+                self.step = int(meta["step"])
+        except BaseException:
+            self.close()
+            raise
+        self.last: StepResult | None = None
+
+    def _engine(self) -> Engine:
+        cfg = self.cfg
+        try:
+            return Engine(self.source.config, self.wl, cfg.plan, device=cfg.device,
+                          dtype=DTYPES[cfg.dtype], optimizer=cfg.optimizer)
+        except SpecError as e:
+            if e.field == "grad_clip":
+                raise SpecError("command line", "--grad-clip", "unset: the executor cannot clip "
+                                "gradients yet (updates stream during backward, so the global "
+                                "norm is known only after the last update; see README, Train)"
+                                ) from None
+            if e.where == "model config":  # name the model the user gave
+                raise SpecError(self.source.where, e.field, e.expected) from None
+            raise
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.engine.close()
+        self.engine.host_state.close()
+
+    def run(self, on_step: Callable[[dict], None] | None = None) -> None:
+        """Train up to cfg.steps, then write the trace (if asked) and the final export."""
+        cfg = self.cfg
+        tokens = cfg.global_batch * cfg.seq
+        log = MetricsLog(cfg.out / "metrics.jsonl", start_after=self.step)
+        try:
+            while self.step < cfg.steps:
+                batch = next(self.batches)
+                lr = cfg.schedule.lr(self.step)
+                self.last = self.engine.step(batch["input_ids"], batch["labels"], lr=lr)
+                self.step += 1
+                row = metrics_row(self.step, self.last, lr, tokens)
+                log.write(row)
+                if on_step is not None:
+                    on_step(row)
+                every = cfg.checkpoint_every
+                if self.step == cfg.steps or (every and self.step % every == 0):
+                    self.save_checkpoint()
+        finally:
+            log.close()
+        if cfg.trace is not None and self.last is not None:
+            self.last.timeline.save_chrome_trace(cfg.trace)
+        self.export()
+
+    def save_checkpoint(self) -> Path:
+        hs = self.engine.host_state
+        meta = {"fingerprint": self.source.fingerprint(), "model": self.source.where,
+                "unit_steps": hs.steps.tolist(), "data": self.batches.state_dict()}
+        units = ((u, hs.unit_master(u), hs.unit_m(u), hs.unit_v(u)) for u in range(hs.n_units))
+        return save_checkpoint(self.cfg.checkpoint_root, self.step, units, meta,
+                               keep=self.cfg.keep_checkpoints)
+
+    def export(self) -> Path:
+        hs = self.engine.host_state
+        units = ((u, hs.unit_master(u)) for u in range(hs.n_units))
+        return export_hf(self.cfg.out / "final", self.source.config, units, dtype=self.cfg.dtype,
+                         overwrite=True)
