@@ -141,9 +141,9 @@ def test_predict_fast_for_every_preset(name):
     hw = load_hardware(name)
     m = load_model("qwen3-8b" if hw.gpu.hbm_bytes > 30 * 2**30 else "qwen3-1.7b")
     wl = Workload(m, 4096, hw.gpu.count, 1, hw.gpu.count)
-    t = time.perf_counter()
+    t = time.process_time()
     pred = predict(hw, wl, default_plan(hw.fabric.kind))
-    assert time.perf_counter() - t < 2.0
+    assert time.process_time() - t < 2.0
     assert pred.lower_bound_s <= pred.step_time_s
 
 

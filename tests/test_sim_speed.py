@@ -1,4 +1,10 @@
-"""Speed: one steady step of 8 ranks x 80 layers x 16 chunks per layer in under 2 s."""
+"""Speed: one steady step of 8 ranks x 80 layers x 16 chunks per layer in under 2 s.
+
+Timed in CPU seconds of this process (time.process_time), so that tests running beside it on
+the 2-core CI machine do not count against it.
+"""
+
+import time
 
 import pytest
 
@@ -19,5 +25,8 @@ def test_8x80x16_step_under_2s(route):
     plan = Plan(param_route=route, h2d_chunk_mib=chunk, d2h_chunk_mib=chunk)
     g = build_graph(wl, plan, hw.host.cores, iterations=3)
     d = task_durations(g, hw, wl)
-    run = run_graph(g, d, resource_use(g, hw, d), hw, SimConfig())
-    assert run.wall_s / g.n_iterations < 2.0, f"{run.wall_s:.2f} s for {g.n_iterations} steps"
+    use = resource_use(g, hw, d)
+    t = time.process_time()
+    run_graph(g, d, use, hw, SimConfig())
+    cpu_s = time.process_time() - t
+    assert cpu_s / g.n_iterations < 2.0, f"{cpu_s:.2f} CPU s for {g.n_iterations} steps"
