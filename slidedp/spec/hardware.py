@@ -11,6 +11,7 @@ Schema (units in names):
               [[gpu.layer_time]] hidden, ffn, seq, micro_batch, fwd_bwd_s, source   (optional)
   [pcie]      h2d_gbps, d2h_gbps (one GPU, one direction), duplex_gbps (one GPU, both directions),
               all_h2d_gbps, all_d2h_gbps, all_total_gbps (all GPUs at once: host-side caps), source
+              chunk_gbps = [[chunk_mib, h2d, d2h], ...]  (optional) one GPU alone, by copy size
   [host]      cores, ram_gib, dram_gbps, cast_gelem_per_s = [[threads, rate]],
               adam_gparam_per_s = [[threads, rate]], adam_dram_bytes_per_param,
               cast_dram_bytes_per_elem, source
@@ -34,6 +35,7 @@ from slidedp.spec.tomlio import Table, read_toml
 
 GB = 1e9
 GIB = 2**30
+MIB = 2**20
 FABRIC_KINDS = ("pcie", "nvlink-pairs", "nvswitch")
 COLLECTIVES = ("all_gather", "reduce_scatter", "reduce", "all_reduce")
 
@@ -116,6 +118,7 @@ class PcieSpec:
     all_d2h_bps: float
     all_total_bps: float
     sources: MappingProxyType
+    chunk_bps: tuple[tuple[float, float, float], ...] = ()  # (chunk bytes, h2d, d2h), by chunk
 
 
 @dataclass(frozen=True)
@@ -222,9 +225,19 @@ def _gpu(t: Table) -> GpuSpec:
 def _pcie(t: Table) -> PcieSpec:
     keys = ["h2d_gbps", "d2h_gbps", "duplex_gbps", "all_h2d_gbps", "all_d2h_gbps", "all_total_gbps"]
     vals = [t.num(k) * GB for k in keys]
-    src = _sources(t, keys)
+    chunks, rows = [], t.raw("chunk_gbps", [])
+    if not isinstance(rows, list):
+        raise SpecError(t.where, "pcie.chunk_gbps", f"a list of [chunk_mib, h2d, d2h], got {rows!r}")
+    for r in rows:
+        if not (isinstance(r, list) and len(r) == 3
+                and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in r)):
+            raise SpecError(t.where, "pcie.chunk_gbps", f"[chunk_mib, h2d, d2h] positive numbers, got {r!r}")
+        chunks.append((r[0] * MIB, r[1] * GB, r[2] * GB))
+    if any(b[0] <= a[0] for a, b in zip(chunks, chunks[1:], strict=False)):
+        raise SpecError(t.where, "pcie.chunk_gbps", "chunk_mib strictly increasing")
+    src = _sources(t, keys + (["chunk_gbps"] if chunks else []))
     t.done()
-    return PcieSpec(*vals, sources=src)
+    return PcieSpec(*vals, sources=src, chunk_bps=tuple(chunks))
 
 
 def _host(t: Table) -> HostSpec:

@@ -1,0 +1,90 @@
+"""`slidedp profile`: measure the machine at hand and write a hardware TOML (slidedp/profile/).
+
+What this machine cannot measure (no CUDA: GPU, PCIe, fabric; datasheet figures; one GPU: the
+fabric) comes from --base, and its source says so; without --base that is an error naming what
+is missing, raised before anything is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from pathlib import Path
+
+from slidedp.commands.common import DEFAULTS, positive
+from slidedp.profile import sizes as sizes_mod
+from slidedp.spec.hardware import load_hardware, parse_hardware
+from slidedp.spec.model import load_model
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="measure this machine, write a hardware TOML",
+                       description="Microbenchmarks of this machine (host DRAM, cast and CPU "
+                       "Adam against threads; PCIe by chunk size, duplex and all GPUs; one "
+                       "decoder layer's compute; NCCL collectives) written as a hardware TOML "
+                       "in which every number names its source.")
+    p.add_argument("--out", required=True, help="hardware TOML file to write")
+    p.add_argument("--model", nargs="+", default=[DEFAULTS["model"]],
+                   help="preset names, config.json files or model directories whose decoder "
+                   "layer is timed (CUDA only; default %(default)s)")
+    p.add_argument("--seq", type=int, nargs="+", default=[DEFAULTS["seq"]],
+                   help="sequence lengths of the layer timing (default %(default)s)")
+    p.add_argument("--micro-batch", type=int, nargs="+",
+                   help="micro-batches of the layer timing (default 1 4 16; --quick 1 4)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and threads: under a minute")
+    p.add_argument("--name", help="the hardware's name (default: the --out file's stem)")
+    p.add_argument("--base", help="hardware preset or TOML for what this machine cannot measure")
+    p.set_defaults(func=run)
+
+
+def command_line(args: argparse.Namespace, micro_batches: tuple[int, ...], name: str) -> str:
+    """The resolved options, as a command line."""
+    line = (f"slidedp profile --out {args.out} --model {' '.join(args.model)} --seq "
+            f"{' '.join(map(str, args.seq))} --micro-batch {' '.join(map(str, micro_batches))} "
+            f"--name {name}")
+    return line + (" --quick" if args.quick else "") + (f" --base {args.base}" if args.base else "")
+
+
+def run(args: argparse.Namespace) -> int:
+    # torch and transformers load here, not when the CLI starts
+    from slidedp.profile.assemble import Assembler, require_base, unmeasured
+    from slidedp.profile.compute import one_layer_config
+    from slidedp.profile.fabric import fabric_kind, gpu_link_matrix, read_topology
+    from slidedp.profile.machine import probe_machine
+    from slidedp.profile.run import Profiler, Request
+    from slidedp.profile.summary import summary
+    from slidedp.profile.tomlw import dumps
+
+    for v in args.seq:
+        positive(v, "--seq")
+    for v in args.micro_batch or ():
+        positive(v, "--micro-batch")
+    sizes = sizes_mod.QUICK if args.quick else sizes_mod.FULL
+    micro_batches = tuple(args.micro_batch or sizes.micro_batches)
+    name = args.name or Path(args.out).stem
+    base = load_hardware(args.base) if args.base else None
+    models = tuple(load_model(m) for m in args.model)
+    machine = probe_machine()
+    topology = read_topology() if machine.gpu_count >= 2 else ""
+    kind = fabric_kind(gpu_link_matrix(topology)) if topology else None
+    missing = unmeasured(machine, kind)
+    require_base(missing, base)
+    if machine.gpu_count:
+        for spec in models:
+            one_layer_config(spec)
+    req = Request(sizes, models if machine.gpu_count else (), tuple(args.seq), micro_batches,
+                  topology, kind)
+
+    cmd = command_line(args, micro_batches, name)
+    print(cmd)
+    print(f"{machine.hostname}: {machine.cpu_model}, {machine.cores} cores, {machine.gpus()}")
+    if missing:
+        print(f"from {base.origin}, not measurable here: "
+              + "; ".join(f"{k} ({why})" for k, why in missing.items()))
+    res = Profiler(machine, req).run()
+    doc = Assembler(machine, req, res, base).document(name)
+    text = dumps(doc, f"Written by: {cmd}\n{machine.source('see each section')}")
+    spec = parse_hardware(tomllib.loads(text), args.out)  # the schema's own checks, before writing
+    Path(args.out).write_text(text)
+    print(summary(req, res, spec, args.out))
+    return 0

@@ -1,0 +1,323 @@
+"""Results + a base hardware spec -> the hardware TOML document (schema: slidedp/spec/hardware.py).
+
+Every number carries a source: "slidedp profile <date> on <host> (<cpu>, <gpus>): measured: ..."
+for what was measured here, "derived: ..." for byte counts, and "from <base>: not measured here
+(<why>); there: <the base's source>" for what this machine cannot measure:
+  no CUDA device       the gpu, pcie and fabric sections (and the base's layer times)
+  CUDA                 gpu.hbm_gbps and gpu.peak_bf16_tflops: datasheet figures (the measured
+                       bf16 matmul is quoted in the peak's source)
+  one GPU              the fabric section; the all-GPU PCIe caps are the single-GPU figures
+  unknown GPU links    the fabric section (nvidia-smi topo -m gave no pattern we know)
+Written rates: PCIe, the largest chunk's rate of the slowest GPU (chunk_gbps: every chunk, the
+slowest GPU's); DRAM, the best copy rate over thread counts; fabric efficiency, busbw / link at
+the largest message. Layer times are policy `none` (fwd with autograd + bwd: what fwd_bwd_s
+means to the cost model, which takes recompute = fwd / 3 of it); the measured `layer` policy
+time is quoted in each row's source. `achieved` = counted FLOPs / that time, the median where
+several shapes share (hidden, tokens).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from slidedp.profile.compute import LayerTiming
+from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes, gpu_link_matrix, nv_peers
+from slidedp.profile.machine import Machine
+from slidedp.profile.pcie import DIRECTIONS
+from slidedp.profile.run import Request, Results
+from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import COLLECTIVES, GB, GIB, HardwareSpec
+
+MIB = 2**20
+ADAM_DRAM_BYTES_PER_PARAM = 28  # read p, m, v, g; write p, m, v (FP32)
+CAST_DRAM_BYTES_PER_ELEM = 6  # read FP32, write BF16
+GPU_KEYS = ("count", "hbm_gib", "hbm_gbps", "peak_bf16_tflops", "achieved")
+PCIE_KEYS = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "all_h2d_gbps", "all_d2h_gbps",
+             "all_total_gbps")
+
+
+def g4(x: float) -> float:
+    """Four significant digits: what a median of a few runs supports."""
+    return float(f"{x:.4g}")
+
+
+def unmeasured(machine: Machine, fabric_kind: str | None) -> dict[str, str]:
+    """Fields (or whole sections) this machine cannot measure -> why; they need --base."""
+    if not machine.gpu_count:
+        return dict.fromkeys(("gpu", "pcie", "fabric"), "no CUDA device")
+    out = dict.fromkeys(("gpu.hbm_gbps", "gpu.peak_bf16_tflops"), "a datasheet figure")
+    if machine.gpu_count == 1:
+        out["fabric"] = "one GPU: no fabric to measure"
+    elif fabric_kind is None:
+        out["fabric"] = "nvidia-smi topo -m gave no known GPU link pattern"
+    return out
+
+
+def require_base(missing: dict[str, str], base: HardwareSpec | None) -> None:
+    if missing and base is None:
+        what = "; ".join(f"{k} ({why})" for k, why in missing.items())
+        raise SpecError("command line", "--base", "a hardware preset or TOML to take what this "
+                        f"machine cannot measure from: {what}")
+
+
+class Assembler:
+    def __init__(self, machine: Machine, req: Request, res: Results, base: HardwareSpec | None):
+        self.m, self.req, self.res, self.base = machine, req, res, base
+        self.missing = unmeasured(machine, req.fabric_kind)
+        if machine.gpu_count and not self._none_layers():
+            self.missing["gpu.achieved"] = "no layer timing ran (no --model, or out of memory)"
+        require_base(self.missing, base)
+
+    def _from_base(self, section: str, key: str, why: str) -> str:
+        there = self.base.source_of(section, key)
+        return f"from {self.base.origin}: not measured here ({why}); there: {there}"
+
+    def _none_layers(self) -> list[LayerTiming]:
+        return [t for t in self.res.layers if t.policy == "none"]
+
+    def document(self, name: str) -> dict:
+        m = self.m
+        desc = (f"measured by slidedp profile {m.date} on {m.hostname}: {m.cpu_model}, {m.cores} "
+                f"cores, {m.ram_bytes / GIB:.0f} GiB RAM, {m.gpus()}")
+        sections = sorted({k.split(".")[0] for k, v in self.missing.items() if "." not in k})
+        if sections:
+            desc += f" ({', '.join(sections)} from {self.base.origin})"
+        return {"hardware": {"name": name, "description": desc}, "gpu": self._gpu(),
+                "pcie": self._pcie(), "host": self._host(), "fabric": self._fabric()}
+
+    # ---- gpu -------------------------------------------------------------------------------
+
+    def _gpu(self) -> dict:
+        m, b = self.m, self.base
+        if not m.gpu_count:
+            why = self.missing["gpu"]
+            g = b.gpu
+            return {"model": g.model, "count": g.count, "hbm_gib": g4(g.hbm_bytes / GIB),
+                    "hbm_gbps": g4(g.hbm_bps / GB), "peak_bf16_tflops": g4(g.peak_bf16_flops / 1e12),
+                    "source": f"from {b.origin}: not measured here ({why})",
+                    "achieved": [[int(h), int(t), g4(r / 1e12)] for h, t, r in g.achieved],
+                    "sources": {k: self._from_base("gpu", k, why) for k in GPU_KEYS},
+                    "layer_time": [{"hidden": lt.hidden, "ffn": lt.ffn, "seq": lt.seq,
+                                    "micro_batch": lt.micro_batch, "fwd_bwd_s": lt.fwd_bwd_s,
+                                    "source": f"from {b.origin}: not measured here ({why}); "
+                                              f"there: {lt.source}"} for lt in g.layer_times]}
+        peak = b.gpu.peak_bf16_flops
+        other = f" (its GPU: {b.gpu.model})" if b.gpu.model != m.gpu_model else ""
+        t = {"model": m.gpu_model, "count": m.gpu_count, "hbm_gib": g4(m.hbm_bytes / GIB),
+             "hbm_gbps": g4(b.gpu.hbm_bps / GB), "peak_bf16_tflops": g4(peak / 1e12),
+             "source": m.source("measured: torch.cuda device count and total memory")}
+        src = {"hbm_gbps": self._from_base("gpu", "hbm_gbps", "a datasheet figure") + other,
+               "peak_bf16_tflops": self._from_base("gpu", "peak_bf16_tflops", "a datasheet "
+                                                   "figure") + other + "; measured here: bf16 "
+                                                   f"matmul 8192^3 {self.res.matmul_flops_per_s / 1e12:.0f}"
+                                                   " TFLOP/s on GPU 0"}
+        rows = self._none_layers()
+        if rows:
+            t["achieved"] = self._achieved(rows, peak)
+            src["achieved"] = m.source(
+                "measured: counted FLOPs of one decoder layer (ModelSpec.layer_flops_per_token, "
+                "fwd + bwd) / its fwd + bwd time, policy none, bf16 SDPA on GPU 0, CUDA events, "
+                f"median of {self.req.sizes.repeats}")
+            t["sources"] = src
+            t["layer_time"] = self._layer_rows(rows)
+        else:
+            t["achieved"] = [[int(h), int(n), g4(r / 1e12)] for h, n, r in b.gpu.achieved]
+            t["sources"] = src | {"achieved": self._from_base("gpu", "achieved",
+                                                              self.missing["gpu.achieved"])}
+        return t
+
+    def _achieved(self, rows: list[LayerTiming], peak: float) -> list[list]:
+        by_shape: dict[tuple[int, int], list[float]] = {}
+        for r in rows:
+            by_shape.setdefault((r.hidden, r.seq * r.micro_batch), []).append(r.flops_per_s)
+        out = []
+        for (h, n), rates in sorted(by_shape.items()):
+            rate = statistics.median(rates)
+            if rate > peak:
+                raise SpecError(
+                    "command line", "--base", f"a peak_bf16_tflops above the measured "
+                    f"{rate / 1e12:.0f} TFLOP/s (hidden {h}, {n} tokens); {self.base.origin} "
+                    f"gives {peak / 1e12:.0f}: is it this GPU's datasheet figure?")
+            out.append([h, n, g4(rate / 1e12)])
+        return out
+
+    def _layer_rows(self, rows: list[LayerTiming]) -> list[dict]:
+        ckpt = {(r.model, r.seq, r.micro_batch): r for r in self.res.layers if r.policy == "layer"}
+        out, seen = [], set()
+        for r in rows:
+            shape = (r.hidden, r.ffn, r.seq, r.micro_batch)
+            if shape in seen:  # two models with one layer shape: the first one's row
+                continue
+            seen.add(shape)
+            what = (f"measured: one {r.model} decoder layer, bf16 SDPA, GPU 0, CUDA events, "
+                    f"median of {self.req.sizes.repeats}; policy none: fwd {r.fwd_s * 1e3:.2f} ms"
+                    f" + bwd {r.bwd_s * 1e3:.2f} ms, {r.flops_per_s / 1e12:.0f} TFLOP/s")
+            c = ckpt.get((r.model, r.seq, r.micro_batch))
+            if c is not None:
+                what += (f"; policy layer: no-grad fwd {c.fwd_s * 1e3:.2f} ms + recompute and bwd "
+                         f"{c.bwd_s * 1e3:.2f} ms = {c.total_s / r.total_s:.2f}x the none time "
+                         "(the cost model takes 4/3)")
+            out.append({"hidden": r.hidden, "ffn": r.ffn, "seq": r.seq,
+                        "micro_batch": r.micro_batch, "fwd_bwd_s": g4(r.total_s),
+                        "source": self.m.source(what)})
+        return out
+
+    # ---- pcie ------------------------------------------------------------------------------
+
+    def _pcie(self) -> dict:
+        m, b, res, s = self.m, self.base, self.res, self.req.sizes
+        if not m.gpu_count:
+            why = self.missing["pcie"]
+            p = b.pcie
+            t = {k: g4(getattr(p, k.replace("gbps", "bps")) / GB) for k in PCIE_KEYS}
+            t["source"] = f"from {b.origin}: not measured here ({why})"
+            sources = {k: self._from_base("pcie", k, why) for k in PCIE_KEYS}
+            if p.chunk_bps:
+                t["chunk_gbps"] = [[g4(c / MIB), g4(h / GB), g4(d / GB)] for c, h, d in p.chunk_bps]
+                sources["chunk_gbps"] = self._from_base("pcie", "chunk_gbps", why)
+            return t | {"sources": sources}
+        gpus = range(m.gpu_count)
+        chunks = [c * MIB for c in s.chunk_mib]
+        big = max(chunks)
+
+        def slowest(d: str, c: int) -> float:
+            return min(res.pcie_alone_bps[(gi, d, c)] for gi in gpus)
+
+        def per_gpu(vals: list[float]) -> str:
+            return "" if len(vals) < 2 else ("; slowest of the GPUs: " +
+                                             ", ".join(f"{v / GB:.1f}" for v in vals) + " GB/s")
+
+        alone = (f"measured: one {big // MIB} MiB copy alone from/to host memory pinned with "
+                 f"cudaHostRegister, CUDA events, median of {s.repeats}")
+        stream = f"{s.stream_copies} back-to-back {big // MIB} MiB copies per direction"
+        t = {"h2d_gbps": g4(slowest("h2d", big) / GB), "d2h_gbps": g4(slowest("d2h", big) / GB),
+             "duplex_gbps": g4(min(res.pcie_duplex_bps.values()) / GB)}
+        src = {f"{d}_gbps": m.source(f"{alone} ({d.upper()})" + per_gpu(
+            [res.pcie_alone_bps[(gi, d, big)] for gi in gpus])) for d in DIRECTIONS}
+        src["duplex_gbps"] = m.source(
+            f"measured: H2D and D2H at once on two streams of one GPU, {stream}, both directions' "
+            f"bytes / wall time, median of {s.repeats}" + per_gpu(list(res.pcie_duplex_bps.values())))
+        if m.gpu_count >= 2:
+            for key, k in (("all_h2d_gbps", "h2d"), ("all_d2h_gbps", "d2h"), ("all_total_gbps", "both")):
+                t[key] = g4(res.pcie_all_bps[k] / GB)
+                src[key] = m.source(
+                    f"measured: all {m.gpu_count} GPUs at once ({k}), one host thread per GPU, "
+                    f"{stream}, all bytes / (last finish - first start), median of {s.repeats}")
+        else:
+            for key, one in (("all_h2d_gbps", "h2d_gbps"), ("all_d2h_gbps", "d2h_gbps"),
+                             ("all_total_gbps", "duplex_gbps")):
+                t[key] = t[one]
+                src[key] = m.source(f"measured: one GPU, so the all-GPU cap is the {one} figure")
+        t["chunk_gbps"] = [[c // MIB, g4(slowest("h2d", c) / GB), g4(slowest("d2h", c) / GB)]
+                           for c in chunks]
+        src["chunk_gbps"] = m.source(f"{alone.replace(f'one {big // MIB} MiB', 'one chunk-size')}"
+                                     "; the slowest GPU's rate at each chunk size")
+        t["source"] = m.source(alone)
+        return t | {"sources": src}
+
+    # ---- host ------------------------------------------------------------------------------
+
+    def _host(self) -> dict:
+        m, res, s = self.m, self.res, self.req.sizes
+        mib = res.host_bytes // MIB
+        best = max(res.dram_bps, key=res.dram_bps.get)
+
+        def curve(rates: dict[int, float]) -> str:
+            return ", ".join(f"{n} thr {rates[n] / 1e9:.2f}" for n in res.threads)
+
+        pool = ("torch.set_num_threads, threads not pinned (OpenMP placement), median of "
+                f"{s.repeats} after {s.warmup} warm-up")
+        adam_top = res.adam_params_per_s[res.threads[-1]]
+        # DRAM capacity: the most traffic any measured kernel moved. A plain copy undercounts
+        # (its writes also read the line first), so the Adam or cast traffic can exceed it; a
+        # capacity below a measured kernel's traffic would make the model slower than measured.
+        moved = {"copy": res.dram_bps[best],
+                 "adam": max(res.adam_params_per_s.values()) * ADAM_DRAM_BYTES_PER_PARAM,
+                 "cast": max(res.cast_elems_per_s.values()) * CAST_DRAM_BYTES_PER_ELEM}
+        dram_from = max(moved, key=moved.get)
+        return {
+            "cores": m.cores, "ram_gib": g4(m.ram_bytes / GIB),
+            "dram_gbps": g4(moved[dram_from] / GB),
+            "cast_gelem_per_s": [[n, g4(res.cast_elems_per_s[n] / 1e9)] for n in res.threads],
+            "adam_gparam_per_s": [[n, g4(res.adam_params_per_s[n] / 1e9)] for n in res.threads],
+            "adam_dram_bytes_per_param": ADAM_DRAM_BYTES_PER_PARAM,
+            "cast_dram_bytes_per_elem": CAST_DRAM_BYTES_PER_ELEM,
+            "source": m.source(f"measured on {mib} MiB buffers (LLC {m.llc_bytes // MIB} MiB)"),
+            "sources": {
+                "cores": m.source(f"measured: physical cores in this process's CPU affinity mask "
+                                  f"({m.cpus} logical CPUs)"),
+                "ram_gib": m.source("measured: MemTotal (a VM that grows its memory on demand "
+                                    "reads low)"),
+                "dram_gbps": m.source(
+                    f"measured: the largest DRAM traffic of the measured kernels, from {dram_from} "
+                    f"(copy {moved['copy'] / GB:.0f}, AdamW x {ADAM_DRAM_BYTES_PER_PARAM} B "
+                    f"{moved['adam'] / GB:.0f}, cast x {CAST_DRAM_BYTES_PER_ELEM} B "
+                    f"{moved['cast'] / GB:.0f} GB/s); copy = torch copy_ of a {mib} MiB FP32 "
+                    f"buffer, (bytes read + written) / time, best over threads ({best}); GB/s: "
+                    f"{curve(res.dram_bps)}; " + pool),
+                "cast_gelem_per_s": m.source(
+                    f"measured: torch copy_ FP32 -> BF16 of {mib} MiB of FP32, elements / time; "
+                    + pool),
+                "adam_gparam_per_s": m.source(
+                    "measured: torch fused CPU AdamW (slidedp.exec.adamw.adamw_chunk, as "
+                    f"torch.optim.AdamW(fused=True)) on {mib // 4}M FP32 parameters with an FP32 "
+                    "gradient (the executor widens its BF16 gradient first, not timed here), "
+                    f"params / time; {pool}; at {res.threads[-1]} threads "
+                    f"{adam_top * ADAM_DRAM_BYTES_PER_PARAM / GB:.0f} GB/s of state traffic"),
+                "adam_dram_bytes_per_param": "derived: read p, m, v, g and write p, m, v, "
+                                             "FP32 (7 x 4 B)",
+                "cast_dram_bytes_per_elem": "derived: read 4 B FP32, write 2 B BF16",
+            },
+        }
+
+    # ---- fabric ----------------------------------------------------------------------------
+
+    def _fabric(self) -> dict:
+        if "fabric" in self.missing:
+            return self._fabric_from_base(self.missing["fabric"])
+        m, res, s, kind = self.m, self.res, self.req.sizes, self.req.fabric_kind
+        n, link = m.gpu_count, res.link_bps
+        big = max(s.collective_mib) * MIB
+        eff, lines = {}, []
+        for op in COLLECTIVES:
+            busbw = {nb: bus_bytes(op, nb, n) / res.collective_s[(op, nb)]
+                     for nb in (c * MIB for c in s.collective_mib)}
+            eff[op] = g4(min(1.0, busbw[big] / link))
+            lines.append(f"{op} " + ", ".join(f"{nb // MIB} MiB {v / GB:.0f}"
+                                              for nb, v in busbw.items()))
+        matrix = gpu_link_matrix(self.req.topology)
+        pairs = [matrix[i][j] for i in range(n) for j in range(i + 1, n)]
+        links = ", ".join(f"{pairs.count(c)} of {len(pairs)} GPU pairs {c}"
+                          for c in sorted(set(pairs)))
+        peer = min(nv_peers(matrix)[0]) if nv_peers(matrix)[0] else 1
+        t = {"kind": kind, "link_gbps": g4(link / GB)}
+        src = {"kind": m.source(f"measured: nvidia-smi topo -m: {links}"),
+               "link_gbps": m.source(f"measured: P2P copy GPU 0 -> {peer}, {s.stream_copies} "
+                                     f"back-to-back {big // MIB} MiB copies, bytes / wall time, "
+                                     f"median of {s.repeats}")}
+        if kind == "nvlink-pairs":
+            t["cross_pair_gbps"] = g4(res.cross_pair_bps / GB)
+            src["cross_pair_gbps"] = m.source("measured: P2P copy GPU 0 -> a GPU outside its "
+                                              "NVLink pair, as link_gbps")
+        t["latency_us"] = g4(res.collective_s[("latency", LATENCY_BYTES)] * 1e6)
+        t["efficiency"] = eff
+        src["latency_us"] = m.source(f"measured: NCCL all_reduce of {LATENCY_BYTES // 1024} KiB "
+                                     f"on {n} GPUs, median time")
+        src["efficiency"] = m.source(
+            f"measured: NCCL ({n} ranks, bf16, CUDA events, slowest rank's median of "
+            f"{s.repeats}) busbw / link_gbps at {big // MIB} MiB, capped at 1; busbw GB/s by "
+            f"full message size: {'; '.join(lines)}")
+        t["source"] = m.source("measured: see each field")
+        return t | {"sources": src}
+
+    def _fabric_from_base(self, why: str) -> dict:
+        f, origin = self.base.fabric, self.base.origin
+        t = {"kind": f.kind, "link_gbps": g4(f.link_bps / GB)}
+        keys = ["kind", "link_gbps", "latency_us", "efficiency"]
+        if f.cross_pair_bps != f.link_bps:
+            t["cross_pair_gbps"] = g4(f.cross_pair_bps / GB)
+            keys.append("cross_pair_gbps")
+        t["latency_us"] = g4(f.latency_s * 1e6)
+        t["efficiency"] = {op: g4(f.efficiency[op]) for op in COLLECTIVES}
+        t["source"] = f"from {origin}: not measured here ({why})"
+        return t | {"sources": {k: self._from_base("fabric", k, why) for k in keys}}

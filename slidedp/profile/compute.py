@@ -1,0 +1,152 @@
+"""GPU compute (CUDA only): one decoder layer's fwd + bwd time by shape and policy; a bf16 matmul.
+
+The layer is `model.model.layers[0]` of a one-layer copy of the model's Hugging Face config,
+built with AutoModelForCausalLM on the meta device and materialized on GPU 0 in BF16 (weights
+N(0, 0.02), norms 1, biases 0), SDPA attention with the causal mask and no padding mask, rotary
+embeddings from the model's own rotary class: the code the executor runs (exec/layer_runner.py,
+whose config checks apply: dense qwen3, qwen2, llama, mistral). Input and output gradient are
+random BF16 (micro_batch, seq, hidden); the input requires grad, as inside a model. Per policy,
+CUDA events around each phase on the one stream, median of `repeats` after `warmup`:
+  none    forward with autograd | backward                 -> fwd_s, bwd_s
+  layer   no-grad forward | forward again (recompute) with autograd + backward
+          (whole-layer checkpoint)                         -> fwd_s, bwd_s (recompute + bwd)
+A shape that runs out of GPU memory is skipped (None). The matmul is C = A B, 8192^3 bf16.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from slidedp.exec.layer_runner import hf_config
+from slidedp.profile.timing import cuda_median_s
+from slidedp.spec.model import ModelSpec
+
+MATMUL_N = 8192
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    model: str
+    hidden: int
+    ffn: int
+    seq: int
+    micro_batch: int
+    policy: str  # "none" | "layer"
+    fwd_s: float  # none: forward with autograd; layer: no-grad forward
+    bwd_s: float  # none: backward; layer: recompute + backward
+    flops: float  # counted FLOPs of the timed work (ModelSpec.layer_flops_per_token)
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.total_s
+
+
+def one_layer_config(spec: ModelSpec):
+    """The model's transformers config cut to one layer; a SpecError if the executor can't run it."""
+    hf_config(dict(spec.config))  # the executor's checks, on every layer of the model
+    cfg = dict(spec.config)
+    cfg["num_hidden_layers"] = 1
+    if isinstance(cfg.get("layer_types"), list):
+        cfg["layer_types"] = cfg["layer_types"][:1]
+    return hf_config(cfg)
+
+
+def build_layer(spec: ModelSpec, device: torch.device):
+    """(decoder layer 0 in BF16 on `device`, the model's rotary embedding on `device`)."""
+    from transformers import AutoModelForCausalLM
+
+    config = one_layer_config(spec)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    layer = model.model.layers[0].to_empty(device=device).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, 0.02)
+            else:
+                p.fill_(0.0 if name.endswith("bias") else 1.0)
+    return layer, type(model.model.rotary_emb)(config=config).to(device)
+
+
+def rope(rotary, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) for positions 0..seq-1 in BF16, shape (1, seq, head_dim), as the executor's."""
+    pos = torch.arange(seq, device=device)[None]
+    return rotary(torch.empty(0, device=device, dtype=torch.bfloat16), pos)
+
+
+def forward(layer, x: torch.Tensor, cos_sin) -> torch.Tensor:
+    """The layer on (micro_batch, seq, hidden): causal SDPA, no padding mask."""
+    out = layer(x, position_embeddings=cos_sin, attention_mask=None)
+    return out[0] if isinstance(out, tuple) else out
+
+
+class LayerBench:
+    """One decoder layer of `spec` on GPU 0, built once and timed at several shapes."""
+
+    def __init__(self, spec: ModelSpec, warmup: int, repeats: int):
+        self.device = torch.device("cuda", 0)
+        self.layer, self.rotary = build_layer(spec, self.device)
+        self.spec, self.warmup, self.repeats = spec, warmup, repeats
+
+    def time(self, seq: int, micro_batch: int, policy: str) -> LayerTiming | None:
+        """Median fwd / bwd seconds of one micro-batch; None when it does not fit GPU memory."""
+        try:
+            fwd_s, bwd_s = self._time(seq, micro_batch, policy)
+        except torch.cuda.OutOfMemoryError:
+            return None
+        finally:
+            self.layer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+        f = self.spec.layer_flops_per_token(seq)
+        kinds = ("fwd", "bwd") if policy == "none" else ("fwd", "recompute", "bwd")
+        flops = sum(f[k] for k in kinds) * seq * micro_batch
+        s = self.spec
+        return LayerTiming(s.name, s.hidden, s.ffn, seq, micro_batch, policy, fwd_s, bwd_s, flops)
+
+    def _time(self, seq: int, micro_batch: int, policy: str) -> tuple[float, float]:
+        shape = (micro_batch, seq, self.spec.hidden)
+        x = torch.randn(shape, device=self.device, dtype=torch.bfloat16)
+        dy = torch.randn_like(x)
+        cos_sin = rope(self.rotary, seq, self.device)
+
+        def once() -> tuple[torch.cuda.Event, ...]:
+            self.layer.zero_grad(set_to_none=True)
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            xin = x.detach().requires_grad_()
+            ev[0].record()
+            if policy == "none":
+                y = forward(self.layer, xin, cos_sin)
+            else:
+                with torch.no_grad():
+                    forward(self.layer, x, cos_sin)
+            ev[1].record()
+            if policy == "layer":
+                y = forward(self.layer, xin, cos_sin)
+            y.backward(dy)
+            ev[2].record()
+            return tuple(ev)
+
+        for _ in range(self.warmup):
+            once()
+        runs = [once() for _ in range(self.repeats)]
+        torch.cuda.synchronize(self.device)
+        fwd = statistics.median(a.elapsed_time(b) for a, b, _ in runs) / 1e3
+        bwd = statistics.median(b.elapsed_time(c) for _, b, c in runs) / 1e3
+        return fwd, bwd
+
+
+def matmul_flops_per_s(warmup: int, repeats: int) -> float:
+    """Achieved rate of one 8192^3 bf16 matmul on GPU 0 (2 n^3 FLOPs / CUDA-event time)."""
+    dev = torch.device("cuda", 0)
+    a = torch.randn(MATMUL_N, MATMUL_N, device=dev, dtype=torch.bfloat16)
+    b, c = torch.randn_like(a), torch.empty_like(a)
+    with torch.cuda.device(dev):
+        t = cuda_median_s(lambda: torch.mm(a, b, out=c), warmup, repeats)
+    return 2 * MATMUL_N**3 / t

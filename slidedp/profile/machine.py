@@ -1,0 +1,94 @@
+"""What the machine at hand is, read once at the start, and the source line every number carries.
+
+Cores are the physical cores of the CPUs this process may run on (its affinity mask; SMT
+siblings count once), since a CPU-bound kernel does not gain from a core's second thread. RAM is
+MemTotal at the time of the run: a VM that grows its memory as it is touched reads low. The LLC
+size (the largest cache level sysfs lists) sets how large host buffers must be to measure DRAM
+rather than cache.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_CPU_SYSFS = Path("/sys/devices/system/cpu")
+_LLC_FALLBACK_BYTES = 256 * 2**20  # when sysfs says nothing: larger than any LLC of one socket
+
+
+@dataclass(frozen=True)
+class Machine:
+    hostname: str
+    date: str  # ISO date of the run
+    cpu_model: str
+    cores: int  # physical cores in the affinity mask
+    cpus: int  # logical CPUs in the affinity mask
+    ram_bytes: float
+    llc_bytes: int
+    gpu_model: str  # "" without CUDA
+    gpu_count: int
+    hbm_bytes: float  # per GPU; 0 without CUDA
+
+    def gpus(self) -> str:
+        return f"{self.gpu_count}x {self.gpu_model}" if self.gpu_count else "no CUDA GPU"
+
+    def source(self, what: str) -> str:
+        """"slidedp profile <date> on <host> (<cpu>, <gpus>): <what>"."""
+        return f"slidedp profile {self.date} on {self.hostname} ({self.cpu_model}, {self.gpus()}): {what}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def _physical_cores(cpus: set[int]) -> int:
+    cores = set()
+    for c in cpus:
+        topo = _CPU_SYSFS / f"cpu{c}" / "topology"
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(),
+                       (topo / "core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return len(cores)
+
+
+def _size_bytes(text: str) -> int:
+    text = text.strip()
+    mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    return int(text.rstrip("KMGkmg")) * mult
+
+
+def llc_bytes() -> int:
+    """The largest cache sysfs lists for cpu0 (the last-level cache), else a safe upper guess."""
+    sizes = []
+    for f in (_CPU_SYSFS / "cpu0" / "cache").glob("index*/size"):
+        try:
+            sizes.append(_size_bytes(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=_LLC_FALLBACK_BYTES)
+
+
+def probe_machine() -> Machine:
+    cpus = os.sched_getaffinity(0)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    gpu_model, gpu_count, hbm = "", 0, 0.0
+    if torch.cuda.is_available():
+        gpu_count = torch.cuda.device_count()
+        props = torch.cuda.get_device_properties(0)
+        gpu_model, hbm = props.name, float(props.total_memory)
+    return Machine(socket.gethostname(), datetime.date.today().isoformat(), _cpu_model(),
+                   _physical_cores(cpus), len(cpus), float(ram), llc_bytes(), gpu_model,
+                   gpu_count, hbm)

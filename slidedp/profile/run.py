@@ -1,0 +1,192 @@
+"""The measurement list: one step per measurement (and per buffer setup), run under a tqdm bar.
+
+What is measured depends on the machine: the host always; PCIe, the layer timings and the matmul
+with CUDA; all-GPU PCIe runs, P2P and NCCL collectives with two GPUs or more and a known fabric
+kind. Buffers are allocated by a setup step before a group and freed after it, so the timed
+steps only run kernels and copies.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from slidedp.profile import compute, fabric, host, pcie
+from slidedp.profile.machine import Machine
+from slidedp.profile.sizes import MIB, Sizes
+from slidedp.spec.model import ACTIVATION_POLICIES, ModelSpec
+
+COLLECTIVE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Request:
+    sizes: Sizes
+    models: tuple[ModelSpec, ...]  # layer timings (CUDA only)
+    seqs: tuple[int, ...]
+    micro_batches: tuple[int, ...]
+    topology: str  # `nvidia-smi topo -m` output ("" if none)
+    fabric_kind: str | None  # from the topology; None: not measured
+
+
+@dataclass
+class Results:
+    host_bytes: int = 0
+    threads: list[int] = field(default_factory=list)
+    dram_bps: dict[int, float] = field(default_factory=dict)  # threads -> read + write bytes/s
+    cast_elems_per_s: dict[int, float] = field(default_factory=dict)
+    adam_params_per_s: dict[int, float] = field(default_factory=dict)
+    pcie_alone_bps: dict[tuple[int, str, int], float] = field(default_factory=dict)  # gpu, dir, bytes
+    pcie_duplex_bps: dict[int, float] = field(default_factory=dict)  # gpu -> both directions
+    pcie_all_bps: dict[str, float] = field(default_factory=dict)  # "h2d" | "d2h" | "both"
+    layers: list[compute.LayerTiming] = field(default_factory=list)
+    layers_skipped: list[str] = field(default_factory=list)  # shapes that ran out of memory
+    matmul_flops_per_s: float = 0.0
+    link_bps: float = 0.0
+    cross_pair_bps: float = 0.0
+    collective_s: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[], None]
+
+
+class Profiler:
+    def __init__(self, machine: Machine, req: Request):
+        self.m, self.req, self.s = machine, req, req.sizes
+        self.res = Results()
+        self._host: host.HostBench | None = None
+        self._pcie: pcie.PcieBench | None = None
+        self._layer: compute.LayerBench | None = None
+
+    def steps(self) -> list[Step]:
+        out = self._host_steps()
+        if self.m.gpu_count:
+            out += self._pcie_steps() + self._compute_steps()
+            if self.m.gpu_count >= 2 and self.req.fabric_kind:
+                out += self._fabric_steps()
+        return out
+
+    def run(self, progress: bool = True) -> Results:
+        steps = self.steps()
+        with tqdm(steps, desc="slidedp profile", unit="step", disable=not progress) as bar:
+            for step in bar:
+                bar.set_postfix_str(step.name)
+                step.run()
+        return self.res
+
+    # ---- host ------------------------------------------------------------------------------
+
+    def _host_steps(self) -> list[Step]:
+        r, s = self.res, self.s
+        r.host_bytes = s.host_bytes(self.m.llc_bytes, self.m.ram_bytes)
+        r.threads = s.threads(self.m.cores)
+
+        def alloc():
+            self._host = host.HostBench(r.host_bytes, s.warmup, s.repeats)
+
+        def measure(n: int):
+            r.dram_bps[n] = self._host.dram_bps(n)
+            r.cast_elems_per_s[n] = self._host.cast_elems_per_s(n)
+            r.adam_params_per_s[n] = self._host.adam_params_per_s(n)
+
+        steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", alloc)]
+        steps += [Step(f"host copy, cast, adam at {n} threads", lambda n=n: measure(n))
+                  for n in r.threads]
+        return [*steps, Step("free host buffers", self._free_host)]
+
+    def _free_host(self) -> None:
+        self._host = None
+        gc.collect()
+
+    # ---- PCIe ------------------------------------------------------------------------------
+
+    def _pcie_steps(self) -> list[Step]:
+        r, s, gpus = self.res, self.s, self.m.gpu_count
+        chunks = [c * MIB for c in s.chunk_mib]
+
+        def alloc():
+            self._pcie = pcie.PcieBench(gpus, max(chunks), s.stream_copies, s.warmup, s.repeats)
+
+        def alone(g: int):
+            for d in pcie.DIRECTIONS:
+                for c in chunks:
+                    r.pcie_alone_bps[(g, d, c)] = self._pcie.alone_bps(g, d, c)
+            r.pcie_duplex_bps[g] = self._pcie.duplex_bps(g)
+
+        def all_gpus(key: str, directions: tuple[str, ...]):
+            r.pcie_all_bps[key] = self._pcie.all_gpus_bps(directions)
+
+        steps = [Step("pin host buffers", alloc)]
+        steps += [Step(f"PCIe GPU {g} alone and duplex", lambda g=g: alone(g)) for g in range(gpus)]
+        if gpus >= 2:
+            steps += [Step(f"PCIe all GPUs {k}", lambda k=k, d=d: all_gpus(k, d))
+                      for k, d in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("both", pcie.DIRECTIONS))]
+        return [*steps, Step("unpin host buffers", self._free_pcie)]
+
+    def _free_pcie(self) -> None:
+        self._pcie.close()
+        self._pcie = None
+        torch.cuda.empty_cache()
+
+    # ---- compute ---------------------------------------------------------------------------
+
+    def _compute_steps(self) -> list[Step]:
+        r, s = self.res, self.s
+
+        def matmul():
+            r.matmul_flops_per_s = compute.matmul_flops_per_s(s.warmup, max(s.repeats, 10))
+
+        def build(spec: ModelSpec):
+            self._layer = compute.LayerBench(spec, s.warmup, s.repeats)
+
+        def layer(spec: ModelSpec, seq: int, mb: int, policy: str):
+            t = self._layer.time(seq, mb, policy)
+            if t is None:
+                r.layers_skipped.append(f"{spec.name} seq {seq} micro-batch {mb} policy {policy}")
+            else:
+                r.layers.append(t)
+
+        steps = [Step("bf16 matmul", matmul)]
+        for spec in self.req.models:
+            steps.append(Step(f"build one {spec.name} layer", lambda spec=spec: build(spec)))
+            steps += [Step(f"{spec.name} layer seq {q} mb {b} policy {p}",
+                           lambda a=(spec, q, b, p): layer(*a))
+                      for q in self.req.seqs for b in self.req.micro_batches
+                      for p in ACTIVATION_POLICIES]
+        return [*steps, Step("free the layer", self._free_layer)] if self.req.models else steps
+
+    def _free_layer(self) -> None:
+        self._layer = None
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    # ---- fabric ----------------------------------------------------------------------------
+
+    def _fabric_steps(self) -> list[Step]:
+        r, s = self.res, self.s
+        nbytes = max(s.collective_mib) * MIB
+        peers = fabric.nv_peers(fabric.gpu_link_matrix(self.req.topology))
+        link_peer = min(peers[0]) if peers[0] else 1
+
+        def p2p():
+            r.link_bps = fabric.p2p_bps(0, link_peer, nbytes, s.stream_copies, s.warmup, s.repeats)
+            if self.req.fabric_kind == "nvlink-pairs":
+                other = min(set(range(1, self.m.gpu_count)) - peers[0])
+                r.cross_pair_bps = fabric.p2p_bps(0, other, nbytes, s.stream_copies, s.warmup,
+                                                  s.repeats)
+            torch.cuda.empty_cache()
+
+        def collectives():
+            r.collective_s = fabric.collective_times_s(
+                self.m.gpu_count, [c * MIB for c in s.collective_mib], s.warmup, s.repeats,
+                COLLECTIVE_TIMEOUT_S)
+
+        return [Step(f"P2P copy GPU 0 -> {link_peer}", p2p),
+                Step(f"NCCL collectives on {self.m.gpu_count} GPUs", collectives)]

@@ -1,0 +1,45 @@
+"""How much each measurement moves and how often it repeats: FULL (a few minutes) and QUICK.
+
+Host buffers are at least `host_floor_bytes` and at least `llc_multiple` times the last-level
+cache, so that copies stream from DRAM; they are capped at 1/16 of RAM each (the Adam run holds
+four of them). Thread counts are 1, step, step^2, ... below the core count, then the core count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 2**20
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Sizes:
+    host_floor_bytes: int  # one host buffer, at least
+    llc_multiple: float  # ... and at least this many LLCs
+    thread_step: int  # thread counts: 1, step, step^2, ..., cores
+    chunk_mib: tuple[int, ...]  # H2D / D2H copy sizes, one GPU alone
+    stream_copies: int  # back-to-back copies of the largest chunk per timed duplex / all-GPU run
+    collective_mib: tuple[int, ...]  # NCCL message sizes (the full, unsharded buffer)
+    micro_batches: tuple[int, ...]  # default --micro-batch list of the layer timing
+    warmup: int  # untimed runs before the timed ones
+    repeats: int  # timed runs; the median is kept
+
+    def host_bytes(self, llc_bytes: int, ram_bytes: float) -> int:
+        want = max(self.host_floor_bytes, int(self.llc_multiple * llc_bytes))
+        return max(MIB, min(want, int(ram_bytes / 16)) // MIB * MIB)
+
+    def threads(self, cores: int) -> list[int]:
+        out, n = [], 1
+        while n < cores:
+            out.append(n)
+            n *= self.thread_step
+        return [*out, cores]
+
+
+FULL = Sizes(host_floor_bytes=GIB, llc_multiple=4, thread_step=2, chunk_mib=(4, 16, 64, 256),
+             stream_copies=8, collective_mib=(16, 64, 256), micro_batches=(1, 4, 16),
+             warmup=2, repeats=7)
+QUICK = Sizes(host_floor_bytes=256 * MIB, llc_multiple=2, thread_step=4, chunk_mib=(16, 256),
+              stream_copies=4, collective_mib=(64, 256), micro_batches=(1, 4), warmup=1,
+              repeats=3)

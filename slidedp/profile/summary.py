@@ -1,0 +1,69 @@
+"""The table printed at the end of `slidedp profile`: what was measured, against its limits.
+
+Achieved figures are set beside what bounds them (gpt-fast style): Adam's implied DRAM traffic
+against the copy bandwidth, the layer's TFLOP/s against the matmul and the datasheet peak, the
+collectives' bus bandwidth against the P2P link.
+"""
+
+from __future__ import annotations
+
+from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes
+from slidedp.profile.run import Request, Results
+from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
+
+GB = 1e9
+MIB = 2**20
+
+
+def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
+    cols = [head, *rows]
+    w = [max(len(r[i]) for r in cols) for i in range(len(head))]
+    fmt = "  ".join(f"{{:>{n}}}" for n in w)
+    return "\n".join([title, fmt.format(*head), *(fmt.format(*r) for r in rows)])
+
+
+def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
+    parts = [_table(
+        f"host ({res.host_bytes // MIB} MiB buffers; Adam traffic at "
+        f"{spec.host.adam_dram_bytes_per_param:g} B/param)",
+        ["threads", "copy GB/s", "cast Gelem/s", "adam Gparam/s", "adam GB/s"],
+        [[str(n), f"{res.dram_bps[n] / GB:.1f}", f"{res.cast_elems_per_s[n] / 1e9:.2f}",
+          f"{res.adam_params_per_s[n] / 1e9:.2f}",
+          f"{res.adam_params_per_s[n] * spec.host.adam_dram_bytes_per_param / GB:.1f}"]
+         for n in res.threads])]
+    if res.pcie_alone_bps:
+        gpus = sorted({g for g, _, _ in res.pcie_alone_bps})
+        chunks = sorted({c for _, _, c in res.pcie_alone_bps})
+        parts.append(_table(
+            "PCIe, one GPU alone (GB/s)", ["GPU", "chunk MiB", "H2D", "D2H"],
+            [[str(g), str(c // MIB), f"{res.pcie_alone_bps[(g, 'h2d', c)] / GB:.1f}",
+              f"{res.pcie_alone_bps[(g, 'd2h', c)] / GB:.1f}"] for g in gpus for c in chunks]))
+        line = "duplex per GPU: " + ", ".join(f"GPU {g} {v / GB:.1f}"
+                                              for g, v in sorted(res.pcie_duplex_bps.items()))
+        if res.pcie_all_bps:
+            line += "; all GPUs at once: " + ", ".join(f"{k} {v / GB:.1f}"
+                                                       for k, v in res.pcie_all_bps.items())
+        parts.append(line + " GB/s")
+    if res.matmul_flops_per_s:
+        parts.append(f"bf16 matmul 8192^3: {res.matmul_flops_per_s / 1e12:.0f} TFLOP/s "
+                     f"(peak_bf16_tflops {spec.gpu.peak_bf16_flops / 1e12:.0f})")
+    if res.layers:
+        parts.append(_table(
+            "one decoder layer, GPU 0 (fwd: no-grad for policy layer; bwd: recompute + bwd)",
+            ["model", "seq", "mb", "policy", "fwd ms", "bwd ms", "total ms", "TFLOP/s"],
+            [[t.model, str(t.seq), str(t.micro_batch), t.policy, f"{t.fwd_s * 1e3:.2f}",
+              f"{t.bwd_s * 1e3:.2f}", f"{t.total_s * 1e3:.2f}", f"{t.flops_per_s / 1e12:.0f}"]
+             for t in res.layers]))
+    if res.layers_skipped:
+        parts.append("out of GPU memory, skipped: " + "; ".join(res.layers_skipped))
+    if res.collective_s:
+        n, link = spec.gpu.count, res.link_bps
+        sizes = [c * MIB for c in req.sizes.collective_mib]
+        parts.append(_table(
+            f"NCCL busbw GB/s on {n} GPUs (P2P link {link / GB:.0f} GB/s; all_reduce of "
+            f"{LATENCY_BYTES // 1024} KiB {res.collective_s[('latency', LATENCY_BYTES)] * 1e6:.0f} us)",
+            ["op", *(f"{s // MIB} MiB" for s in sizes), "efficiency"],
+            [[op, *(f"{bus_bytes(op, s, n) / res.collective_s[(op, s)] / GB:.0f}" for s in sizes),
+              f"{spec.fabric.efficiency[op]:.2f}"] for op in COLLECTIVES]))
+    parts.append(f"wrote {path} ({spec.name}: {spec.description})")
+    return "\n\n".join(parts)

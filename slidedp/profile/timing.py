@@ -1,0 +1,54 @@
+"""The one timing rule: `warmup` untimed runs, then `repeats` timed runs, and the median is kept.
+
+`median_s` takes a function that runs once and returns its own duration (for runs that time
+themselves, e.g. several threads started together). `wall_median_s` times on the host clock with
+`sync` (e.g. torch.cuda.synchronize for work on several streams) before the clock starts and
+before it stops. `cuda_median_s` times work that `fn` enqueues on the current CUDA stream with
+CUDA events recorded around it on that stream: the GPU time of that work, with the host's launch
+time hidden when the queue runs ahead.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def median_s(run_s: Callable[[], float], warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        run_s()
+    return statistics.median(run_s() for _ in range(repeats))
+
+
+def _none() -> None:
+    return None
+
+
+def wall_median_s(fn: Callable[[], object], warmup: int, repeats: int,
+                  sync: Callable[[], None] = _none) -> float:
+    def run_s() -> float:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    return median_s(run_s, warmup, repeats)
+
+
+def cuda_median_s(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events) / 1e3

@@ -1,0 +1,285 @@
+"""`slidedp profile` on the CPU: the host measurements with tiny sizes, the written TOML against
+the hardware schema, what comes from --base, and the pure parts (topology, TOML writer, sizes).
+
+The GPU paths are covered twice: here through hand-made results for a fake 2-GPU machine (the
+assembly and its sources), and on the device by tests/test_profile_gpu.py (the measurements).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import torch
+
+from slidedp.commands import profile as profile_cmd
+from slidedp.profile import sizes as sizes_mod
+from slidedp.profile.assemble import Assembler, unmeasured
+from slidedp.profile.compute import LayerTiming, build_layer, forward, one_layer_config, rope
+from slidedp.profile.fabric import LATENCY_BYTES, fabric_kind, gpu_link_matrix
+from slidedp.profile.machine import Machine, probe_machine
+from slidedp.profile.run import Request, Results
+from slidedp.profile.sizes import MIB, Sizes
+from slidedp.profile.tomlw import dumps
+from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import COLLECTIVES, load_hardware, parse_hardware, preset_dir
+from slidedp.spec.model import load_model
+
+TINY = Sizes(host_floor_bytes=4 * MIB, llc_multiple=0, thread_step=2, chunk_mib=(1, 4),
+             stream_copies=2, collective_mib=(1, 4), micro_batches=(1, 2), warmup=1, repeats=2)
+TODAY = datetime.date.today().isoformat()
+
+
+def _profile(tmp_path, monkeypatch, *argv: str):
+    monkeypatch.setattr(sizes_mod, "QUICK", TINY)
+    parser = argparse.ArgumentParser()
+    profile_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["profile", "--quick", *argv])
+    return args.func(args)
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """One tiny CPU run with --base h200x2 (CUDA absent: GPU, PCIe, fabric come from it)."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU-only path: this machine has CUDA (see test_profile_gpu.py)")
+    out = tmp_path_factory.mktemp("profile") / "here.toml"
+    with pytest.MonkeyPatch.context() as mp:
+        assert _profile(out.parent, mp, "--out", str(out), "--base", "h200x2") == 0
+    return out
+
+
+def test_written_toml_loads_and_names_itself(profiled):
+    hw = load_hardware(str(profiled))
+    assert hw.name == "here"
+    assert "slidedp profile" in hw.description and TODAY in hw.description
+
+
+def test_host_sources_name_the_command_the_date_and_the_machine(profiled):
+    hw, m = load_hardware(str(profiled)), probe_machine()
+    for key, text in hw.host.sources.items():
+        if key.endswith("_bytes_per_param") or key.endswith("_bytes_per_elem"):
+            assert text.startswith("derived:")
+        else:
+            assert text.startswith(f"slidedp profile {TODAY} on {m.hostname} ({m.cpu_model}")
+            assert "measured" in text
+
+
+def test_host_curves_follow_the_thread_counts(profiled):
+    host, m = load_hardware(str(profiled)).host, probe_machine()
+    threads = TINY.threads(m.cores)
+    assert threads[0] == 1 and threads[-1] == m.cores
+    for curve in (host.cast_elems_per_s, host.adam_params_per_s):
+        assert list(curve.xs) == threads  # strictly increasing (RateCurve checks it too)
+        assert all(r > 0 for r in curve.rates)
+    assert host.cores == m.cores and host.dram_bps > 0
+
+
+def test_base_fills_what_cpu_cannot_measure(profiled):
+    hw, base = load_hardware(str(profiled)), load_hardware("h200x2")
+    assert hw.gpu.peak_bf16_flops == base.gpu.peak_bf16_flops
+    assert hw.gpu.achieved == base.gpu.achieved and hw.gpu.count == base.gpu.count
+    assert len(hw.gpu.layer_times) == len(base.gpu.layer_times)
+    assert hw.pcie.h2d_bps == base.pcie.h2d_bps
+    f, bf = hw.fabric, base.fabric
+    assert (f.kind, f.link_bps, f.latency_s, dict(f.efficiency)) == (
+        bf.kind, bf.link_bps, bf.latency_s, dict(bf.efficiency))
+    for sec in ("gpu", "pcie", "fabric"):
+        for key, text in getattr(hw, sec).sources.items():
+            assert text.startswith("from preset h200x2: not measured here (no CUDA device)"), (
+                sec, key)
+    assert all("not measured here" in lt.source for lt in hw.gpu.layer_times)
+
+
+def test_without_base_fails_before_measuring(tmp_path):
+    """No CUDA: GPU, PCIe, fabric; with CUDA: the datasheet figures. Either way --base is needed."""
+    out = tmp_path / "x.toml"
+    r = subprocess.run([sys.executable, "-m", "slidedp.cli", "profile", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("slidedp profile: error:") and "--base" in line
+    assert ("gpu (no CUDA device)" in line) or ("gpu.peak_bf16_tflops" in line)
+    assert not out.exists()
+
+
+def test_bad_options_are_spec_errors(tmp_path, monkeypatch):
+    with pytest.raises(SpecError, match="--micro-batch"):
+        _profile(tmp_path, monkeypatch, "--out", str(tmp_path / "x.toml"), "--micro-batch", "0")
+    with pytest.raises(SpecError, match="--hardware|preset"):
+        _profile(tmp_path, monkeypatch, "--out", str(tmp_path / "x.toml"), "--base", "nope")
+
+
+# ---- the assembly of GPU measurements, on hand-made results ---------------------------------
+
+FAKE = Machine("gpubox", TODAY, "Fake Xeon", 4, 8, 64 * 2**30, 32 * MIB, "NVIDIA H200", 2,
+               140 * 2**30)
+TOPO_2 = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV18\t0-31\nGPU1\tNV18\t X \t0-31\n"
+
+
+def _fake_results(fwd_s: float = 0.004) -> Results:
+    r = Results(host_bytes=4 * MIB, threads=[1, 2, 4])
+    for n in r.threads:
+        r.dram_bps[n], r.cast_elems_per_s[n], r.adam_params_per_s[n] = 20e9 * n, 1e9 * n, 0.5e9 * n
+    for g in range(2):
+        for d in ("h2d", "d2h"):
+            for c in (1, 4):
+                r.pcie_alone_bps[(g, d, c * MIB)] = (50e9 if c == 4 else 30e9) - g * 1e9
+        r.pcie_duplex_bps[g] = 100e9
+    r.pcie_all_bps.update(h2d=108e9, d2h=107e9, both=110e9)
+    spec = load_model("qwen3-8b")
+    for mb in (1, 2):
+        f = spec.layer_flops_per_token(4096)
+        for pol, scale, kinds in (("none", 1.0, ("fwd", "bwd")), ("layer", 1.3, ("fwd", "recompute", "bwd"))):
+            r.layers.append(LayerTiming("qwen3-8b", spec.hidden, spec.ffn, 4096, mb, pol,
+                                        fwd_s * mb, 2 * fwd_s * mb * scale,
+                                        sum(f[k] for k in kinds) * 4096 * mb))
+    r.matmul_flops_per_s = 800e12
+    r.link_bps = 380e9
+    for op in COLLECTIVES:
+        for c in (1, 4):
+            r.collective_s[(op, c * MIB)] = c * MIB / (500e9 if op == "reduce" else 250e9)
+    r.collective_s[("latency", LATENCY_BYTES)] = 25e-6
+    return r
+
+
+def _request() -> Request:
+    return Request(TINY, (load_model("qwen3-8b"),), (4096,), (1, 2), TOPO_2, "nvswitch")
+
+
+def test_gpu_measurements_assemble_into_a_valid_spec():
+    doc = Assembler(FAKE, _request(), _fake_results(), load_hardware("h200x1")).document("fake")
+    hw = parse_hardware(tomllib.loads(dumps(doc)), "fake.toml")
+    assert hw.gpu.model == "NVIDIA H200" and hw.gpu.count == 2
+    assert hw.gpu.peak_bf16_flops == load_hardware("h200x1").gpu.peak_bf16_flops
+    assert "not measured here (a datasheet figure)" in hw.gpu.sources["peak_bf16_tflops"]
+    assert "matmul 8192^3 800 TFLOP/s" in hw.gpu.sources["peak_bf16_tflops"]
+    # policy none rows only; the layer policy's ratio is quoted in the source
+    assert [lt.fwd_bwd_s for lt in hw.gpu.layer_times] == [0.012, 0.024]
+    assert "1.20x the none time" in hw.gpu.layer_times[0].source
+    assert hw.pcie.h2d_bps == 49e9  # the slowest GPU at the largest chunk
+    assert hw.pcie.chunk_bps == ((MIB, 29e9, 29e9), (4 * MIB, 49e9, 49e9))
+    assert hw.pcie.all_total_bps == 110e9
+    assert hw.fabric.kind == "nvswitch" and hw.fabric.link_bps == 380e9
+    # all_reduce moves 2 (R-1)/R B = B at R = 2: busbw 250 GB/s, efficiency 250 / 380
+    assert hw.fabric.efficiency["all_reduce"] == pytest.approx(250 / 380, rel=1e-3)
+    assert hw.fabric.efficiency["reduce"] == 1.0  # reduce moves B: 500 GB/s, capped at the link
+    assert hw.fabric.latency_s == pytest.approx(25e-6)
+    for sec in ("gpu", "pcie", "host", "fabric"):
+        for key, text in getattr(hw, sec).sources.items():
+            assert text.startswith((f"slidedp profile {TODAY} on gpubox (Fake Xeon, 2x NVIDIA H200)",
+                                    "from preset h200x1", "derived:")), (sec, key)
+
+
+def test_one_gpu_uses_single_gpu_caps_and_base_fabric():
+    one = dataclasses.replace(FAKE, gpu_count=1)
+    res = _fake_results()
+    res.pcie_all_bps.clear()
+    for k in [k for k in res.pcie_alone_bps if k[0] == 1]:
+        del res.pcie_alone_bps[k]
+    del res.pcie_duplex_bps[1]
+    req = Request(TINY, _request().models, (4096,), (1, 2), "", None)
+    hw = parse_hardware(tomllib.loads(dumps(
+        Assembler(one, req, res, load_hardware("h200x2")).document("one"))), "one.toml")
+    assert hw.pcie.all_h2d_bps == hw.pcie.h2d_bps == 50e9
+    assert hw.pcie.all_total_bps == hw.pcie.duplex_bps
+    assert hw.fabric.kind == "nvswitch"
+    assert hw.fabric.sources["kind"].startswith("from preset h200x2: not measured here (one GPU")
+
+
+def test_measured_above_the_base_peak_is_an_error():
+    with pytest.raises(SpecError, match="peak_bf16_tflops above the measured"):
+        Assembler(FAKE, _request(), _fake_results(fwd_s=1e-6), load_hardware("h200x1")).document("x")
+
+
+def test_what_each_machine_cannot_measure():
+    cpu_only = dataclasses.replace(FAKE, gpu_model="", gpu_count=0, hbm_bytes=0.0)
+    assert set(unmeasured(cpu_only, None)) == {"gpu", "pcie", "fabric"}
+    assert set(unmeasured(FAKE, "nvswitch")) == {"gpu.hbm_gbps", "gpu.peak_bf16_tflops"}
+    assert "fabric" in unmeasured(FAKE, None)
+
+
+# ---- pure parts -----------------------------------------------------------------------------
+
+TOPO_PAIRS = ("\x1b[4m\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\x1b[0m\n"
+              "GPU0\t X \tNV8\tSYS\tSYS\t0-63\nGPU1\tNV8\t X \tSYS\tSYS\t0-63\n"
+              "GPU2\tSYS\tSYS\t X \tNV8\t0-63\nGPU3\tSYS\tSYS\tNV8\t X \t0-63\n\nLegend:\n  X = Self\n")
+TOPO_PCIE = "\tGPU0\tGPU1\tNIC0\nGPU0\t X \tPIX\tSYS\nGPU1\tPIX\t X \tSYS\nNIC0\tSYS\tSYS\t X \n"
+TOPO_MIXED = ("\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV4\tNV4\nGPU1\tNV4\t X \tPIX\n"
+              "GPU2\tNV4\tPIX\t X \n")
+
+
+@pytest.mark.parametrize("topo,kind", [(TOPO_2, "nvswitch"), (TOPO_PAIRS, "nvlink-pairs"),
+                                       (TOPO_PCIE, "pcie"), (TOPO_MIXED, None), ("", None)])
+def test_fabric_kind_from_topology(topo, kind):
+    assert fabric_kind(gpu_link_matrix(topo)) == kind
+
+
+def test_topology_matrix_reads_gpu_cells_only():
+    assert gpu_link_matrix(TOPO_PCIE) == [["X", "PIX"], ["PIX", "X"]]
+
+
+def test_toml_writer_round_trips():
+    doc = {"a": {"s": 'q"\\ é', "i": 3, "f": 1e-7, "l": [[1, 2.5]], "e": {"x": 0.5},
+                 "sources": {"i": "there"}, "rows": [{"k": 1}, {"k": 2}]},
+           "b": {"n": 1}}
+    text = dumps(doc, "two\nlines")
+    assert text.startswith("# two\n# lines\n")
+    assert tomllib.loads(text) == doc
+
+
+@pytest.mark.parametrize("cores,step,want", [(1, 2, [1]), (2, 2, [1, 2]), (32, 2, [1, 2, 4, 8, 16, 32]),
+                                             (12, 4, [1, 4, 12])])
+def test_thread_counts(cores, step, want):
+    assert Sizes(1, 0, step, (1,), 1, (1,), (1,), 0, 1).threads(cores) == want
+
+
+def test_host_buffers_exceed_the_llc_within_ram():
+    assert sizes_mod.FULL.host_bytes(480 * MIB, 256 * 2**30) == 1920 * MIB
+    assert sizes_mod.FULL.host_bytes(8 * MIB, 256 * 2**30) == 1024 * MIB
+    assert sizes_mod.FULL.host_bytes(480 * MIB, 16 * 2**30) == 1024 * MIB
+
+
+def test_layer_builds_from_the_config_and_runs_fwd_bwd_on_cpu():
+    """The layer the GPU timing builds (transformers' own class), run once in BF16 on the CPU."""
+    spec = load_model("tiny-qwen3")
+    layer, rotary = build_layer(spec, torch.device("cpu"))
+    assert sum(p.numel() for p in layer.parameters()) == spec.layer_params()
+    x = torch.randn(2, 32, spec.hidden, dtype=torch.bfloat16, requires_grad=True)
+    y = forward(layer, x, rope(rotary, 32, torch.device("cpu")))
+    y.backward(torch.ones_like(y))
+    assert y.shape == x.shape and x.grad is not None and torch.isfinite(y.float()).all()
+
+
+def test_moe_layers_are_refused_early():
+    with pytest.raises(SpecError, match="model_type"):
+        one_layer_config(load_model("qwen3-30b-a3b"))
+
+
+# ---- the optional per-chunk PCIe curve of the schema ----------------------------------------
+
+
+def _with_chunks(tmp_path, rows: str):
+    path = tmp_path / "c.toml"
+    text = (preset_dir() / "h200x1.toml").read_text()
+    path.write_text(text.replace("all_total_gbps = 101.7\n",
+                                 f"all_total_gbps = 101.7\nchunk_gbps = {rows}\n", 1))
+    return path
+
+
+def test_chunk_curve_loads(tmp_path):
+    hw = load_hardware(str(_with_chunks(tmp_path, "[[4, 30, 31], [256, 55, 55.2]]")))
+    assert hw.pcie.chunk_bps == ((4 * MIB, 30e9, 31e9), (256 * MIB, 55e9, 55.2e9))
+    assert hw.pcie.sources["chunk_gbps"] == hw.pcie.sources["h2d_gbps"]
+    assert load_hardware("h200x1").pcie.chunk_bps == ()
+
+
+@pytest.mark.parametrize("rows", ["[[256, 55, 55], [4, 30, 31]]", "[[4, 30]]", "[[4, -1, 3]]", "55"])
+def test_bad_chunk_curve_is_rejected(tmp_path, rows):
+    with pytest.raises(SpecError, match="pcie.chunk_gbps"):
+        load_hardware(str(_with_chunks(tmp_path, rows)))

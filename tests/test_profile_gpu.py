@@ -1,0 +1,81 @@
+"""`slidedp profile`'s CUDA measurements on the device (pytest -m gpu): plausible rates, the layer
+policies, NCCL with two GPUs or more, and a whole command run whose TOML loads.
+
+Bounds are wide (they hold on any recent NVIDIA GPU): they catch a wrong unit or a timing that
+misses its work, not a slow machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from slidedp.commands import profile as profile_cmd
+from slidedp.profile import sizes as sizes_mod
+from slidedp.profile.compute import LayerBench, matmul_flops_per_s
+from slidedp.profile.fabric import LATENCY_BYTES, collective_times_s
+from slidedp.profile.pcie import PcieBench
+from slidedp.profile.sizes import MIB, Sizes
+from slidedp.spec.hardware import COLLECTIVES, load_hardware
+from slidedp.spec.model import load_model
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+SMALL = Sizes(host_floor_bytes=64 * MIB, llc_multiple=0, thread_step=4, chunk_mib=(4, 64),
+              stream_copies=2, collective_mib=(4, 64), micro_batches=(1, 2), warmup=1, repeats=3)
+
+
+def test_pcie_rates_by_chunk_and_duplex():
+    bench = PcieBench(1, 64 * MIB, 4, 1, 5)
+    try:
+        rates = {(d, c): bench.alone_bps(0, d, c * MIB) for d in ("h2d", "d2h") for c in (4, 64)}
+        duplex = bench.duplex_bps(0)
+    finally:
+        bench.close()
+    for (d, c), r in rates.items():
+        assert 1e9 < r < 300e9, (d, c, r)
+    assert rates[("h2d", 64)] > 0.8 * rates[("h2d", 4)]  # larger copies are not slower
+    assert 0.8 * rates[("h2d", 64)] < duplex < 2.2 * max(rates.values())
+
+
+def test_layer_policies_and_flops():
+    bench = LayerBench(load_model("qwen3-0.6b"), 1, 3)
+    none, layer = bench.time(1024, 2, "none"), bench.time(1024, 2, "layer")
+    assert none.fwd_s > 0 and none.bwd_s > none.fwd_s  # bwd is about 2 fwd
+    assert layer.fwd_s < none.fwd_s * 1.5  # no-grad forward
+    assert layer.total_s > none.total_s  # the recompute costs
+    assert 1e12 < none.flops_per_s < 2500e12
+
+
+def test_matmul_rate():
+    assert 20e12 < matmul_flops_per_s(2, 10) < 2500e12
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs two GPUs")
+def test_collectives_on_all_gpus():
+    t = collective_times_s(GPUS, [4 * MIB, 64 * MIB], 1, 3, 300)
+    for op in COLLECTIVES:
+        assert 0 < t[(op, 4 * MIB)] < t[(op, 64 * MIB)] < 1.0, op
+    assert 0 < t[("latency", LATENCY_BYTES)] < 0.01
+
+
+def test_profile_command_writes_a_measured_spec(tmp_path, monkeypatch):
+    monkeypatch.setattr(sizes_mod, "QUICK", SMALL)
+    out = tmp_path / "gpu.toml"
+    parser = argparse.ArgumentParser()
+    profile_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["profile", "--quick", "--out", str(out), "--model", "qwen3-0.6b",
+                              "--seq", "1024", "--base", "h200x2"])
+    assert args.func(args) == 0
+    hw = load_hardware(str(out))
+    assert hw.gpu.model == torch.cuda.get_device_name(0) and hw.gpu.count == GPUS
+    assert [lt.micro_batch for lt in hw.gpu.layer_times] == [1, 2]
+    assert all("policy layer" in lt.source for lt in hw.gpu.layer_times)
+    assert "slidedp profile" in hw.pcie.sources["h2d_gbps"]
+    assert [c for c, _, _ in hw.pcie.chunk_bps] == [4 * MIB, 64 * MIB]
+    assert "not measured here (a datasheet figure)" in hw.gpu.sources["peak_bf16_tflops"]
+    measured_fabric = GPUS >= 2
+    assert ("slidedp profile" in hw.fabric.sources["efficiency"]) == measured_fabric
