@@ -1,36 +1,63 @@
 """The executor engine: an interpreter of the task graph's per-iteration template.
 
-`build_graph(workload, plan, cores, iterations=1)` is the schedule. Every agent of the graph
-(gpu0.compute, gpu0.h2d, gpu0.d2h, cpu.cast0, cpu.update{w}) is a worker thread, created once,
-that walks its task list (`g.agent_tasks`) in order each step; a task first waits for its DATA
-and BUFFER predecessors on other agents (ORDER is the walk itself), then runs one small function
-per Kind (the `_run_<kind>` methods below). Each step issues the same template again; the step
-ends with a join of every agent (see "Step boundary").
+`build_graph(workload, plan, cores, iterations=1)` is the schedule, for R = workload.gpus ranks.
+R = 1 runs in the calling process. R > 1 runs in R rank processes started by torchrun
+(dist/launch.py), each with a DistSession (dist/session.py) and one Engine interpreting the same
+graph; each process runs the tasks it owns (dist/ownership.py: its rank's GPU agents, the
+collectives, and the host tasks assigned to it). Every agent with local tasks (gpu{r}.compute,
+gpu{r}.h2d, gpu{r}.d2h, fabric, cpu.cast0, cpu.update{w}) is a worker thread, created once, that
+walks its local tasks (template.py) in order each step; a task first waits for its predecessors
+on other agents (ORDER is the walk itself), then runs one small function per Kind (the
+`_run_<kind>` methods below). Each step issues the same template again and ends with a join.
 
-Stream contract (device = cuda). Each GPU agent owns one CUDA stream; every task's work is
-enqueued on its agent's stream and followed by a per-task `end` CUDA event (plus a `start` event
-for the measured Timeline). A per-step threading.Event `issued[v]` is set once task v's work is
-enqueued (GPU agents) or finished (CPU agents). Waiting on a predecessor u:
+Process contract (R > 1). State lives once per host, in shared memory every process maps:
+the HostState (FP32 master, Adam m and v, step counts), the staging ring, every (rank, worker)
+gradient ring, and `done`, one int64 completion counter per template task. The task owner
+writes done[v] = the step's sequence number when v is complete: a CPU task when it returns, a
+GPU task when its end event has completed (a notifier thread synchronizes the event; in sync
+mode the task's own thread does). A task waiting on a predecessor of another process polls
+done[u] >= seq (sleeping 20 us doubling to 1 ms), gives up with _Aborted when a local task
+failed, with PeerFailure when the status block names a failed peer, and with TimeoutError after
+the session's timeout. On x86 the stores are seen in program order (TSO), so data written before
+the counter is visible to whoever sees the counter. These are the graph's cross-process edges:
+H2D of rank r after the CAST into shared staging, CAST reusing a staging chunk after every
+rank's H2D of it, HOST_SUM (cpu route) after every rank's D2H, a D2H reusing a gradient ring slot
+after its reader. Collectives need no counters: all processes issue them in the graph's order on
+their fabric thread, and a collective waits only for its local predecessors (the collective joins
+the other ranks'). Ids are a topological order and every agent walks in id order, so the
+processes cannot deadlock.
+
+Stream contract (device = cuda). Each GPU agent and the fabric agent (the comm thread) owns one
+CUDA stream; every task's work is enqueued on its agent's stream and followed by a per-task
+`end` CUDA event (plus a `start` event for the measured Timeline). A per-step threading.Event
+`issued[v]` is set once task v's work is enqueued (GPU agents) or finished (CPU agents).
+Waiting on a local predecessor u:
     GPU task after GPU task     host waits issued[u], then stream.wait_event(end[u])  (no host sync)
     CPU task after GPU task     host waits issued[u], then end[u].synchronize()  (the host must
                                 see the bytes: CAST reusing a staging chunk after its H2D, ADAM
                                 reading a gradient chunk after its D2H)
     any task after CPU task     host waits issued[u] (the CPU work is done), then enqueues
-Host synchronisations are exactly those CPU-after-GPU waits plus two at the step boundary:
-torch.cuda.synchronize() after the inputs are uploaded (so the Timeline's reference event is
-recorded on an idle GPU) and after the join (loss, Timeline). Tensors that cross streams are
-reserved at construction (slots, gradient buffers, checkpoints, rings), except a layer output
-handed to ACT_OFFLOAD, which is record_stream()-ed on the D2H stream.
-On the CPU (device = cpu) the same code runs: "streams" are the agent threads themselves, copies
-are plain copies done synchronously, and issued[v] means done.
+Host synchronisations are exactly those CPU-after-GPU waits, the notifier's waits for tasks
+another process waits on, and two at the step boundary: torch.cuda.synchronize() after the
+inputs are uploaded (so the Timeline's reference event is recorded on an idle GPU) and after the
+join (loss, Timeline). Tensors that cross streams are reserved at construction (slots, gradient
+buffers, checkpoints, rings), except a layer output handed to ACT_OFFLOAD, which is
+record_stream()-ed on the D2H stream. Collectives run on the comm stream (dist/collectives.py).
+On the CPU (device = cpu, gloo) the same code runs: "streams" are the agent threads themselves,
+copies are plain copies done synchronously, and issued[v] means done.
 
-Step boundary: step() returns after every task of the step has finished, so the version gate I3
-(next step's CAST/H2D of a unit after this step's ADAM of it) holds trivially, as do the
-cross-step reuses of buffers. What it costs: the next step's first delivery is the embedding,
-whose gradient comes last, so it waits for the embedding's ADAM either way; only the ADAM tails
-of other units could have overlapped the next step's first deliveries.
+Step boundary: step() returns after every local task of the step has finished and, with R > 1,
+after the step-end sum of loss and squared gradient norm across processes (a gloo all-reduce:
+every process has then finished the step; local rank 0 counts the step in the shared step
+counters just before it). So the version gate I3 (next step's CAST/H2D of a unit after this
+step's ADAM of it) holds in every process, as do the cross-step reuses of buffers and counters.
+What it costs: the next step's first delivery is the embedding, whose gradient comes last, so it
+waits for the embedding's ADAM either way; only the ADAM tails of other units could have
+overlapped the next step's first deliveries.
 
-Compute tasks cover all micro-batches of the step for their unit (layer-major):
+Data: every process gets the same global batch; rank r computes rows [r P, (r+1) P) with
+P = accum_steps x micro_batch. Compute tasks cover all of a rank's micro-batches for their unit
+(layer-major):
     EMBED_FWD   embeds every micro-batch; keeps layer 1's input as a checkpoint
     FWD(l)      runs every micro-batch through layer l (no autograd); keeps layer l+1's input
     HEAD_LOSS   final norm + chunked linear/cross-entropy (loss.py), forward and backward
@@ -39,16 +66,15 @@ Compute tasks cover all micro-batches of the step for their unit (layer-major):
                 (memory.py's `transient` term); the gradients of all micro-batches accumulate in
                 the gradient buffer
     EMBED_BWD   scatters the input gradients into the embedding's gradient
-Loss = mean over the non-ignored tokens of the GLOBAL batch (labels shifted as HF does).
+Loss = mean over the non-ignored tokens of the GLOBAL batch (labels shifted as HF does); each
+rank's gradient is scaled by the global count, so their sum (REDUCE or HOST_SUM) is the
+gradient of the global batch.
 
 Gradient clipping is not supported: with updates streaming during backward the global norm is
 known only after the last ADAM; an exact version must defer every update until then (keeping the
 whole gradient on the host, +2 B/param, and losing the update/backward overlap) or defer it into
 the next step's forward (method.md section 11). AdamWConfig(grad_clip=...) is rejected.
 The reported grad_norm is exact: the L2 norm of the gradient chunks as ADAM consumes them.
-
-Only one rank (workload.gpus == 1) is supported; the graph's R > 1 kinds (ALLGATHER, REDUCE,
-HOST_SUM) are not implemented and such workloads are rejected at construction.
 """
 
 from __future__ import annotations
@@ -58,22 +84,26 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from slidedp.exec.activations import Checkpoints
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
+from slidedp.exec.dist.collectives import Collectives
+from slidedp.exec.dist.ownership import process_threads, task_owners
+from slidedp.exec.dist.session import DistSession, PeerFailure
 from slidedp.exec.host_state import HostState
 from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.loss import IGNORE_INDEX, linear_cross_entropy, shift_labels
 from slidedp.exec.staging import HostRings, PinnedPool
+from slidedp.exec.template import Template
 from slidedp.exec.window import Window
 from slidedp.graph.build import build_graph
-from slidedp.graph.tasks import EdgeKind, Kind
+from slidedp.graph.tasks import Kind
 from slidedp.graph.timeline import Record, Timeline
 from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import ActivationPolicy, Plan
@@ -81,6 +111,11 @@ from slidedp.spec.workload import Workload
 
 MODES = ("overlap", "sync")
 _POLL_S = 0.05  # how often a waiting worker checks whether another worker failed
+_REMOTE_POLL_S = (2e-5, 1e-3)  # first and longest sleep while polling a shared counter
+READS_SLOT = frozenset({Kind.EMBED_FWD, Kind.FWD, Kind.HEAD_LOSS, Kind.RECOMPUTE, Kind.BWD})
+
+# probe(iteration, kind, unit, slot): called before a compute task reads its unit's slot
+Probe = Callable[[int, Kind, int, torch.Tensor], None]
 
 
 @dataclass
@@ -90,54 +125,24 @@ class StepResult:
     step_time_s: float
     channel_s: dict[str, float]  # per channel: seconds at least one of its tasks was running
     gpu_peak_bytes: int | None  # torch.cuda.max_memory_reserved, None on the CPU
-    timeline: Timeline
+    timeline: Timeline  # this process's tasks, times relative to origin_s
+    origin_s: float = 0.0  # time.perf_counter() at the step's start (CLOCK_MONOTONIC: one clock per host)
 
 
 class _Aborted(Exception):
     """Raised in a worker waiting on a task of a worker that failed."""
 
 
-class _Template:
-    """The per-iteration task list, with what each task needs precomputed once."""
-
-    def __init__(self, g):
-        if g.n_edges and not bool(np.all(g.edge_src < g.edge_dst)):
-            raise AssertionError("task ids are not a topological order")
-        self.g = g
-        self.n = g.n_tasks
-        self.kind = [Kind(int(k)) for k in g.kind]
-        self.agent_names = list(g.agents)
-        self.is_gpu_agent = [a.startswith("gpu") for a in g.agents]
-        self.preds: list[list[int]] = [[] for _ in range(self.n)]
-        self.h2d_src = [-1] * self.n  # H2D: staging chunk its CAST wrote
-        self.worker = [-1] * self.n  # D2H / ADAM: update worker owning the gradient ring
-        worker_of_agent = {a: int(n.removeprefix("cpu.update")) for a, n in enumerate(g.agents)
-                           if n.startswith("cpu.update")}
-        for s, d, k in zip(g.edge_src.tolist(), g.edge_dst.tolist(), g.edge_kind.tolist(),
-                           strict=True):
-            if k == EdgeKind.ORDER or g.agent[s] == g.agent[d]:
-                continue
-            self.preds[d].append(s)
-            if self.kind[s] == Kind.CAST and self.kind[d] == Kind.H2D:
-                self.h2d_src[d] = int(g.buffer[s])
-            if self.kind[s] == Kind.D2H and k == EdgeKind.DATA:
-                self.worker[s] = worker_of_agent[int(g.agent[d])]
-        for v in range(self.n):
-            if self.kind[v] == Kind.ADAM:
-                self.worker[v] = worker_of_agent[int(g.agent[v])]
-
-    def on_gpu(self, v: int) -> bool:
-        return self.is_gpu_agent[int(self.g.agent[v])]
-
-
 class _StepState:
     """Everything one step's tasks share (inputs, activations in flight, accumulators)."""
 
-    def __init__(self, n_tasks: int, workers: int):
+    def __init__(self, n_tasks: int, workers: int, seq: int):
+        self.seq = seq  # this step's number, 1-based: the value of a completed task's counter
         self.issued = [threading.Event() for _ in range(n_tasks)]
         self.host_s = [(0.0, 0.0)] * n_tasks
         self.error: BaseException | None = None
         self.sqnorm = [0.0] * workers  # per update worker: sum of squared gradient elements
+        self.adam_step: list[int] = []  # per unit: its update count including this step's
         self.act_out: dict[tuple[int, int], torch.Tensor] = {}  # (layer, mb) -> to offload
         self.cur: list[torch.Tensor] = []  # per micro-batch: hidden states / their gradients
         self.saved = None  # RECOMPUTE's autograd state for micro-batch 0
@@ -152,21 +157,33 @@ class _StepState:
 
 
 class Engine:
-    """Host-streaming training of one transformers decoder model; see the module docstring."""
+    """Host-streaming training of one transformers decoder model; see the module docstring.
+
+    With workload.gpus = R > 1, pass the process's DistSession and the HostState it made
+    (session.host_state); the device is the session's. `probe` is for instrumented tests (it
+    may synchronize the device).
+    """
 
     def __init__(self, model_config, workload: Workload, plan: Plan, *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, mode: str = "overlap",
-                 optimizer: AdamWConfig, host_state: HostState | None = None):
+                 optimizer: AdamWConfig, host_state: HostState | None = None,
+                 session: DistSession | None = None, probe: Probe | None = None):
         if mode not in MODES:
             raise SpecError("engine", "mode", f"one of {', '.join(MODES)}, got {mode!r}")
-        if workload.gpus != 1:
-            raise NotImplementedError("the executor runs one rank only (workload.gpus == 1) for "
-                                      "now: ALLGATHER / REDUCE / HOST_SUM are not implemented")
+        R = workload.gpus
+        if (session.world_size if session else 1) != R:
+            raise SpecError("engine", "session", f"a DistSession of workload.gpus = {R} rank "
+                            "processes (start them with slidedp.exec.dist.launch)")
+        if session is not None and host_state is None:
+            raise SpecError("engine", "host_state", "the session's shared host state "
+                            "(DistSession.host_state)")
         if plan.activation_policy != ActivationPolicy.LAYER:
             raise SpecError("plan", "activation_policy", "'layer' (the only policy the executor runs)")
         if optimizer.grad_clip is not None:
             raise SpecError("optimizer", "grad_clip", "None: clipping is not supported (engine.py)")
-        self.device = torch.device(device)
+        self.session, self.probe, self.R = session, probe, R
+        self.rank = session.rank if session else 0
+        self.device = session.device if session else torch.device(device)
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -177,9 +194,11 @@ class Engine:
         if numels != workload.model.unit_params():
             raise SpecError("workload", "model", f"a model whose units have {numels} parameters "
                             f"(the config's), got {workload.model.unit_params()}")
-        g = build_graph(workload, plan, os.cpu_count() or 1, iterations=1)
-        self.tpl = _Template(g)
+        cores = os.cpu_count() or 1
+        g = build_graph(workload, plan, cores, iterations=1)
+        self.tpl = tpl = Template(g, task_owners(g, plan), self.rank)
         self.n_workers = int(g.meta["update_workers"])
+        scatter = bool(g.meta["scatter_update"])
         copy_dtype = dtype if plan.host_bf16_copy else None
         if host_state is None:
             host_state = HostState.create(numels, copy_dtype)
@@ -188,54 +207,74 @@ class Engine:
                             f"dtype {copy_dtype}, got {host_state.unit_numels} / {host_state.copy_dtype}")
         self.host_state = host_state
         self.iteration = 0
+        if session is not None:
+            torch.set_num_threads(session.num_threads
+                                  or process_threads(plan, cores, R, self.rank, scatter))
 
         # ---- reserve: buffers, streams, events, workers (nothing of this is allocated later)
         self.pool = PinnedPool(pin=self.cuda)
         if self.cuda:
             torch.cuda.set_device(self.device)
             host_state.pin()
-        kind = np.asarray(g.kind)
-        span = g.elem_hi - g.elem_lo
-
-        def largest(k: Kind) -> int:
-            sel = kind == int(k)
-            return int(span[sel].max()) if sel.any() else 0
-
-        self.rings = HostRings(self.pool, dtype, plan.staging_chunks, largest(Kind.CAST),
-                               self.n_workers, plan.d2h_staging_chunks, largest(Kind.D2H))
+        grad_keys = sorted({key for srcs in tpl.grad_src for key, _ in srcs})
+        ring_shape = (plan.staging_chunks, tpl.largest(Kind.CAST), len(grad_keys),
+                      plan.d2h_staging_chunks, tpl.largest(Kind.D2H))
+        if session is None:
+            flat = self.pool.empty(HostRings.numel(*ring_shape), dtype)
+        else:
+            flat = self.pool.register(session.shared_tensor("rings", HostRings.numel(*ring_shape),
+                                                            dtype))
+        local_workers = sorted({tpl.worker[v] for v in range(tpl.n)
+                                if tpl.local[v] and tpl.kind[v] == Kind.ADAM})
+        needs_acc = dtype != torch.float32 or any(tpl.summed)
+        self.rings = HostRings(flat, plan.staging_chunks, ring_shape[1], grad_keys,
+                               plan.d2h_staging_chunks, ring_shape[4],
+                               local_workers if needs_acc else [], ring_shape[4])
+        self._done = (session.shared_tensor("done", tpl.n, torch.int64).numpy()
+                      if session is not None else None)
         self.window = Window(layouts, plan.window_slots, plan.grad_buffers, self.device, dtype)
+        self.coll = (Collectives(self.window, R, self.rank, scatter, self.device, dtype)
+                     if R > 1 else None)
         self.ckpt = Checkpoints(self.runner.n_layers, workload.accum_steps, workload.micro_batch,
                                 workload.seq_len, self.runner.hidden, plan.offload_ratio,
                                 plan.reload_ahead_layers, self.device, dtype, self.pool)
-        names = self.tpl.agent_names
-        self.streams = [torch.cuda.Stream(self.device) if self.cuda and self.tpl.is_gpu_agent[a]
+        names = tpl.agent_names
+        self.streams = [torch.cuda.Stream(self.device) if self.cuda and tpl.is_gpu_agent[a]
                         else None for a in range(len(names))]
-        gpu_tasks = [v for v in range(self.tpl.n) if self.tpl.on_gpu(v)] if self.cuda else []
+        gpu_tasks = [v for v in range(tpl.n) if tpl.local[v] and tpl.on_gpu(v)] if self.cuda else []
         self.ev_start = {v: torch.cuda.Event(enable_timing=True) for v in gpu_tasks}
         self.ev_end = {v: torch.cuda.Event(enable_timing=True) for v in gpu_tasks}
         self.ev_ref = torch.cuda.Event(enable_timing=True) if self.cuda else None
         self._queues: list[queue.Queue] = []
         self._threads: list[threading.Thread] = []
         if mode == "overlap":
-            for a in range(len(names)):
+            loops = [(self._agent_loop, a, names[a]) for a in range(len(names))
+                     if tpl.local_tasks[a]]
+            if self.cuda and session is not None:
+                loops.append((self._notifier_loop, -1, "notifier"))
+            for target, a, name in loops:
                 q: queue.Queue = queue.Queue()
-                t = threading.Thread(target=self._agent_loop, args=(a, q), daemon=True,
-                                     name=f"slidedp-{names[a]}")
+                t = threading.Thread(target=target, args=(a, q), daemon=True, name=f"slidedp-{name}")
                 t.start()
                 self._queues.append(q)
                 self._threads.append(t)
+        self._notify = self._queues[-1] if self.cuda and session and mode == "overlap" else None
         self._run = {Kind.CAST: self._run_cast, Kind.H2D: self._run_h2d,
+                     Kind.ALLGATHER: self._run_allgather,
                      Kind.EMBED_FWD: self._run_embed_fwd, Kind.FWD: self._run_fwd,
                      Kind.ACT_OFFLOAD: self._run_act_offload, Kind.ACT_RELOAD: self._run_act_reload,
                      Kind.HEAD_LOSS: self._run_head_loss, Kind.RECOMPUTE: self._run_recompute,
                      Kind.BWD: self._run_bwd, Kind.EMBED_BWD: self._run_embed_bwd,
-                     Kind.D2H: self._run_d2h, Kind.ADAM: self._run_adam}
+                     Kind.REDUCE: self._run_reduce, Kind.D2H: self._run_d2h,
+                     Kind.HOST_SUM: self._run_host_sum, Kind.ADAM: self._run_adam}
 
     # ---- public -------------------------------------------------------------------------------
 
     def step(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
              lr: float | None = None) -> StepResult:
-        """One optimizer step on a global batch: input_ids (global_batch, seq_len) int64 on CPU."""
+        """One optimizer step on a global batch: input_ids (global_batch, seq_len) int64 on CPU.
+
+        With R ranks every process passes the same global batch (see "Data")."""
         wl = self.wl
         if tuple(input_ids.shape) != (wl.global_batch, wl.seq_len):
             raise ValueError(f"input_ids must be ({wl.global_batch}, {wl.seq_len}), "
@@ -246,42 +285,55 @@ class Engine:
         if n_valid == 0:
             raise ValueError("every label is ignored (-100): the loss is undefined")
         t0 = time.perf_counter()
-        st = _StepState(self.tpl.n, self.n_workers)
+        st = _StepState(self.tpl.n, self.n_workers, self.iteration + 1)
         st.lr = self.opt.lr if lr is None else lr
         st.scale = 1.0 / n_valid
-        mb = wl.micro_batch
-        st.ids = input_ids.to(self.device).split(mb)
-        st.targets = [t.reshape(-1) for t in targets.to(self.device).split(mb)]
+        st.adam_step = (self.host_state.steps + 1).tolist()
+        mb, rows = wl.micro_batch, wl.accum_steps * wl.micro_batch
+        mine = slice(self.rank * rows, (self.rank + 1) * rows)
+        st.ids = input_ids[mine].to(self.device).split(mb)
+        st.targets = [t.reshape(-1) for t in targets[mine].to(self.device).split(mb)]
         st.rope = self.runner.rope(wl.seq_len)
         st.loss = torch.zeros((), dtype=torch.float32, device=self.device)
-        self.host_state.steps += 1  # this step's update of every unit (Adam's bias correction)
         if self.cuda:
             torch.cuda.synchronize(self.device)  # boundary sync (see the module docstring)
             self.ev_ref.record()
         t_ref = time.perf_counter()
         if self.mode == "overlap":
-            st.remaining = len(self._threads)
+            st.remaining = len(self._threads) - (self._notify is not None)
             for q in self._queues:
-                q.put(st)
+                if q is not self._notify:
+                    q.put(st)
             with st.done:
                 st.done.wait_for(lambda: st.remaining == 0)
         else:
             for v in range(self.tpl.n):
-                self._task(st, v)
+                if not self.tpl.local[v]:
+                    continue
+                try:
+                    self._task(st, v)
+                except BaseException as e:  # noqa: BLE001 - blamed, then raised below
+                    st.error = self._blame(e)
+                    break
                 if self.cuda:
                     torch.cuda.synchronize(self.device)
         if st.error is not None:
             raise st.error
         if self.cuda:
             torch.cuda.synchronize(self.device)
+        loss, sqnorm = float(st.loss), sum(st.sqnorm)
+        if self.session is None or self.session.local_rank == 0:
+            self.host_state.steps += 1  # this step's update of every unit is done (rank 0: its own)
+        if self.session is not None:
+            loss, sqnorm = self.session.all_reduce_sum([loss, sqnorm])
         t1 = time.perf_counter()
         timeline = self._timeline(st, t0, t_ref)
         self.iteration += 1
         return StepResult(
-            loss=float(st.loss), grad_norm=math.sqrt(sum(st.sqnorm)), step_time_s=t1 - t0,
+            loss=loss, grad_norm=math.sqrt(sqnorm), step_time_s=t1 - t0,
             channel_s=channel_busy_s(timeline),
             gpu_peak_bytes=torch.cuda.max_memory_reserved(self.device) if self.cuda else None,
-            timeline=timeline)
+            timeline=timeline, origin_s=t0)
 
     def close(self) -> None:
         """Stop the workers and release pinned registrations (the HostState stays open)."""
@@ -300,21 +352,63 @@ class Engine:
             torch.cuda.set_device(self.device)
         while (st := q.get()) is not None:
             try:
-                for v in self.tpl.g.agent_tasks[a].tolist():
+                for v in self.tpl.local_tasks[a]:
                     self._task(st, v)
             except _Aborted:
                 pass
             except BaseException as e:  # noqa: BLE001 - handed to step(), which re-raises it
-                st.error = st.error or e
+                st.error = st.error or self._blame(e)
             finally:
                 with st.done:
                     st.remaining -= 1
                     st.done.notify_all()
 
+    def _notifier_loop(self, _a: int, q: queue.Queue) -> None:
+        """Publishes GPU tasks that another process waits on, once their end event completed."""
+        torch.cuda.set_device(self.device)
+        while (item := q.get()) is not None:
+            st, v = item
+            try:
+                self.ev_end[v].synchronize()
+                self._done[v] = st.seq
+            except BaseException as e:  # noqa: BLE001 - handed to step(), which re-raises it
+                st.error = st.error or self._blame(e)
+
+    def _blame(self, e: BaseException) -> BaseException:
+        """The error to report. A peer's recorded failure wins (a collective fails when a peer
+        dies); otherwise this rank failed: mark it in the status block, so every peer stops."""
+        if self.session is None or isinstance(e, PeerFailure):
+            return e
+        self.session.mark_dead_peers()
+        peer = self.session.peer_failure()
+        if peer is not None:
+            return PeerFailure(peer)
+        self.session.fail(f"{type(e).__name__}: {e}")
+        return e
+
+    def _wait_remote(self, st: _StepState, u: int) -> None:
+        """Wait until task u of another process completed this step (its shared counter)."""
+        done, sess = self._done, self.session
+        delay, longest = _REMOTE_POLL_S
+        deadline = time.monotonic() + sess.timeout_s
+        while done[u] < st.seq:
+            if st.error is not None:
+                raise _Aborted
+            peer = sess.peer_failure()
+            if peer is not None:
+                raise PeerFailure(peer)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank} waited {sess.timeout_s} s for "
+                                   f"{self.tpl.g.label(u)} of rank {int(self.tpl.owner[u])}")
+            time.sleep(delay)
+            delay = min(2 * delay, longest)
+
     def _task(self, st: _StepState, v: int) -> None:
         tpl = self.tpl
         a = int(tpl.g.agent[v])
         stream = self.streams[a]
+        for u in tpl.remote[v]:
+            self._wait_remote(st, u)
         for u in tpl.preds[v]:
             while not st.issued[u].wait(_POLL_S):
                 if st.error is not None:
@@ -328,15 +422,32 @@ class Engine:
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             if stream is not None:
                 self.ev_start[v].record(stream)
+            if self.probe is not None and tpl.kind[v] in READS_SLOT:
+                u = int(tpl.g.unit[v])
+                self.probe(self.iteration, tpl.kind[v], u, self.window.slot(u))
             self._run[tpl.kind[v]](st, v)
             if stream is not None:
                 self.ev_end[v].record(stream)
         st.host_s[v] = (t0, time.perf_counter())
         st.issued[v].set()
+        if tpl.publish[v]:
+            self._publish(st, v)
+
+    def _publish(self, st: _StepState, v: int) -> None:
+        """done[v] = seq once v's work is complete (module docstring, "Process contract")."""
+        if not (self.cuda and self.tpl.on_gpu(v)):
+            self._done[v] = st.seq
+        elif self._notify is not None:
+            self._notify.put((st, v))
+        else:  # sync mode
+            self.ev_end[v].synchronize()
+            self._done[v] = st.seq
 
     def _timeline(self, st: _StepState, t0: float, t_ref: float) -> Timeline:
         g, tl = self.tpl.g, Timeline(source=f"measured: slidedp.exec {self.mode} on {self.device}")
         for v in range(self.tpl.n):
+            if not self.tpl.local[v]:
+                continue
             if self.cuda and self.tpl.on_gpu(v):
                 off = t_ref - t0
                 s = off + self.ev_ref.elapsed_time(self.ev_start[v]) / 1e3
@@ -454,19 +565,34 @@ class Engine:
             grad.index_add_(0, ids, gx)
         st.cur = []
 
+    def _run_allgather(self, st, v):
+        self.coll.all_gather(int(self.tpl.g.unit[v]))
+
+    def _run_reduce(self, st, v):
+        self.coll.reduce(int(self.tpl.g.unit[v]))
+
     def _run_d2h(self, st, v):
         u, lo, hi = self._range(v)
-        dst = self.rings.grad[self.tpl.worker[v]][int(self.tpl.g.buffer[v])][:hi - lo]
+        key = (int(self.tpl.g.rank[v]), self.tpl.worker[v])
+        dst = self.rings.grad[key][int(self.tpl.g.buffer[v])][:hi - lo]
         dst.copy_(self.window.grad(u)[lo:hi], non_blocking=True)
+
+    def _run_host_sum(self, st, v):
+        _, lo, hi = self._range(v)
+        self.rings.host_sum(self.tpl.worker[v], self.tpl.grad_src[v], hi - lo)
 
     def _run_adam(self, st, v):
         u, lo, hi = self._range(v)
-        w = self.tpl.worker[v]
-        g = self.rings.grad_fp32(w, int(self.tpl.g.buffer[v]), hi - lo)
+        w, tpl = self.tpl.worker[v], self.tpl
+        if tpl.summed[v]:
+            g = self.rings.acc[w][:hi - lo]
+        else:
+            (key, slot), = tpl.grad_src[v]
+            g = self.rings.grad_fp32(key, slot, hi - lo)
         st.sqnorm[w] += float(torch.dot(g, g))
         hs = self.host_state
         p = hs.unit_master(u)[lo:hi]
-        adamw_chunk(p, g, hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi], int(hs.steps[u]), self.opt,
+        adamw_chunk(p, g, hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi], st.adam_step[u], self.opt,
                     st.lr)
         if hs.copy is not None:
             hs.unit_copy(u)[lo:hi].copy_(p)

@@ -11,7 +11,9 @@ Pinning (`pin()`): only what a DMA reads is page-locked, with cudaHostRegister o
 mapping (pin_memory() would copy and round the size up to a power of two): the parameter copy.
 The master and the moments are touched by the CPU only.
 
-The creator owns the files and unlinks them on close(); an attached process only unmaps.
+The creator owns the files and unlinks them on close() (or earlier with unlink(): once every
+process has mapped them, the memory lives as long as a mapping does and nothing can be left behind
+in /dev/shm); an attached process only unmaps.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ from slidedp.exec.layout import model_layout
 
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def map_shared(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over the shared file mapping of `path` (created sparse, zero-filled, if missing)."""
+    return torch.from_file(str(path), shared=True, size=max(numel, 1), dtype=dtype)[:numel]
 
 
 def cuda_host_register(t: torch.Tensor) -> None:
@@ -90,9 +97,7 @@ class HostState:
         return SHM_DIR / f"{self.name}.{what}"
 
     def _map(self, what: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_file(str(self._path(what)), shared=True, size=max(numel, 1), dtype=dtype)[
-            :numel
-        ]
+        return map_shared(self._path(what), numel, dtype)
 
     # ---- per-unit access -------------------------------------------------------------------
 
@@ -178,5 +183,9 @@ class HostState:
         self._pinned.clear()
         self.master = self.exp_avg = self.exp_avg_sq = self.steps = self.copy = None
         if self.owner:
-            for what in ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json"):
-                self._path(what).unlink(missing_ok=True)
+            self.unlink()
+
+    def unlink(self) -> None:
+        """Remove the files (the mappings stay valid; no process can attach afterwards)."""
+        for what in ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json"):
+            self._path(what).unlink(missing_ok=True)

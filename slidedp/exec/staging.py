@@ -1,14 +1,16 @@
 """Bounded host buffers for the copy engines: the upload staging ring and the gradient rings.
 
-    staging[i]      i < plan.staging_chunks: a CAST writes the chunk in the compute dtype, an H2D
-                    reads it (the graph's CAST `buffer`)
-    grad[w][i]      per update worker w, i < plan.d2h_staging_chunks: a D2H writes a gradient
-                    chunk, ADAM reads it (the graph's D2H / ADAM `buffer`)
-    scratch[w]      per update worker, an FP32 chunk to widen a BF16 gradient for Adam
-                    (absent when the compute dtype is FP32)
-Sizes come from the graph (the largest chunk it schedules). On a GPU the ring buffers are
-page-locked with an exact-size cudaHostRegister (see host_state.py); `pinned_empty` serves the
-activation offload buffers too.
+All ring buffers are views of one flat host tensor, local and page-locked for one rank, or in
+shared memory when several rank processes share them (every process maps and pins it):
+    staging[i]      i < plan.staging_chunks: a CAST writes the chunk in the compute dtype, the
+                    H2Ds of every rank read it (the graph's CAST `buffer`)
+    grad[(r, w)][i] the ring of rank r's gradient chunks for update worker w, i <
+                    plan.d2h_staging_chunks: rank r's D2H writes it, HOST_SUM or ADAM of worker w
+                    reads it (the graph's D2H / HOST_SUM / ADAM `buffer`); with one rank r = 0
+    acc[w]          per update worker of this process, an FP32 chunk in which HOST_SUM adds the
+                    ranks' chunks, or a BF16 chunk is widened for Adam (private memory)
+Sizes come from the graph (the largest chunk it schedules). Page-locking is an exact-size
+cudaHostRegister (see host_state.py); `PinnedPool.empty` serves the activation offload buffers.
 """
 
 from __future__ import annotations
@@ -19,18 +21,21 @@ from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
 
 
 class PinnedPool:
-    """Host tensors allocated once; page-locked (exact size) when `pin` is true."""
+    """Host tensors page-locked (exact size) when `pin` is true; unregistered on close()."""
 
     def __init__(self, pin: bool):
         self.pin = pin
         self.pinned: list[torch.Tensor] = []
 
-    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.empty(shape, dtype=dtype)
+    def register(self, t: torch.Tensor) -> torch.Tensor:
+        """Page-lock an existing tensor (a shared-memory mapping, say) for DMA."""
         if self.pin and t.numel():
             cuda_host_register(t)
             self.pinned.append(t)
         return t
+
+    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        return self.register(torch.empty(shape, dtype=dtype))
 
     def close(self) -> None:
         for t in self.pinned:
@@ -41,27 +46,39 @@ class PinnedPool:
 class HostRings:
     def __init__(
         self,
-        pool: PinnedPool,
-        dtype: torch.dtype,
+        flat: torch.Tensor,
         staging_chunks: int,
         staging_elems: int,
-        workers: int,
+        grad_keys: list[tuple[int, int]],
         grad_chunks: int,
         grad_elems: int,
+        acc_workers: list[int],
+        acc_elems: int,
     ):
-        self.staging = [pool.empty(staging_elems, dtype) for _ in range(staging_chunks)]
-        self.grad = [
-            [pool.empty(grad_elems, dtype) for _ in range(grad_chunks)] for _ in range(workers)
-        ]
-        self.scratch = (
-            [torch.empty(grad_elems, dtype=torch.float32) for _ in range(workers)]
-            if dtype != torch.float32
-            else None
-        )
+        if flat.numel() != self.numel(staging_chunks, staging_elems, len(grad_keys), grad_chunks,
+                                      grad_elems):
+            raise ValueError("HostRings: the flat buffer has the wrong size")
+        pieces = iter(flat.split([staging_elems] * staging_chunks
+                                 + [grad_elems] * (len(grad_keys) * grad_chunks)))
+        self.staging = [next(pieces) for _ in range(staging_chunks)]
+        self.grad = {key: [next(pieces) for _ in range(grad_chunks)] for key in grad_keys}
+        self.acc = {w: torch.empty(acc_elems, dtype=torch.float32) for w in acc_workers}
 
-    def grad_fp32(self, worker: int, slot: int, n: int) -> torch.Tensor:
-        """The gradient chunk in ring slot `slot` of `worker`, as FP32 (a view when it already is)."""
-        g = self.grad[worker][slot][:n]
-        if self.scratch is None:
-            return g
-        return self.scratch[worker][:n].copy_(g)
+    @staticmethod
+    def numel(staging_chunks: int, staging_elems: int, n_grad_rings: int, grad_chunks: int,
+              grad_elems: int) -> int:
+        return staging_chunks * staging_elems + n_grad_rings * grad_chunks * grad_elems
+
+    def grad_fp32(self, key: tuple[int, int], slot: int, n: int) -> torch.Tensor:
+        """A gradient chunk as FP32 (a view when it already is, else widened into acc)."""
+        g = self.grad[key][slot][:n]
+        return g if g.dtype == torch.float32 else self.acc[key[1]][:n].copy_(g)
+
+    def host_sum(self, worker: int, srcs: list[tuple[tuple[int, int], int]], n: int) -> torch.Tensor:
+        """acc[worker] = the sum in FP32 of the chunks (ring key, slot) in srcs, in their order."""
+        acc = self.acc[worker][:n]
+        (key, slot), *rest = srcs
+        acc.copy_(self.grad[key][slot][:n])
+        for key, slot in rest:
+            acc.add_(self.grad[key][slot][:n])
+        return acc

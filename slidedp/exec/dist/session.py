@@ -1,0 +1,223 @@
+"""DistSession: this rank process's part in a single-host job, and what the ranks share.
+
+Started in every process torchrun launched (RANK, WORLD_SIZE, LOCAL_RANK in the environment):
+  process groups  the default group is NCCL on GPUs (gloo on the CPU) and carries the graph's
+                  collectives; `ctl`, a gloo group (the default one on the CPU), carries the
+                  host-side exchanges: names, barriers and the step-end sums.
+  shared memory   `shared_tensor(tag, ...)` and `host_state(...)`: local rank 0 creates the file
+                  in /dev/shm, every rank maps it after a barrier, and local rank 0 unlinks it
+                  after a second barrier. The memory lives as long as some process maps it, and
+                  nothing is left in /dev/shm whatever later happens to the processes.
+  status block    shared: per rank its state (running / failed / exited), its pid and a message.
+                  fail() writes this rank's; peer_failure() reads the others'.
+  watchdog        a thread that every WATCHDOG_S marks a peer whose process is gone (or a
+                  zombie) as failed, and on any peer failure prints
+                      slidedp rank R: stopping: rank Q failed: <cause>
+                  and leaves with os._exit(EXIT_PEER): a thread blocked in a collective cannot be
+                  interrupted otherwise. A rank that failed itself is forced out after
+                  FAIL_GRACE_S if its own teardown hangs.
+Timeouts: init_process_group and every collective use `timeout_s` (NCCL tears the process down
+on a timeout: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set); the engine's cross-process waits give
+up after timeout_s as well. Used as a context manager, an exception leaving the block marks this
+rank failed, prints the cause and exits the process (EXIT_FAILED; EXIT_PEER when a peer's failure
+was the cause). Single host only: WORLD_SIZE must equal LOCAL_WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from slidedp.exec.host_state import SHM_DIR, HostState, map_shared
+
+RUNNING, FAILED, EXITED = 0, 1, 2
+MSG_BYTES = 512
+WATCHDOG_S = 0.1
+FAIL_GRACE_S = 10.0
+EXIT_FAILED, EXIT_PEER = 1, 3
+
+
+class PeerFailure(RuntimeError):
+    """Another rank failed or died; the message names it and its cause."""
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+class DistSession:
+    def __init__(self, device: str = "cuda", timeout_s: float = 300.0,
+                 num_threads: int | None = None):
+        env = os.environ
+        try:
+            self.rank, self.world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+            self.local_rank = int(env["LOCAL_RANK"])
+        except KeyError as e:
+            raise RuntimeError(f"DistSession: {e.args[0]} is not set: start the job with torchrun "
+                               "(slidedp.exec.dist.launch)") from None
+        if int(env.get("LOCAL_WORLD_SIZE", self.world_size)) != self.world_size:
+            raise RuntimeError("DistSession: one host only (WORLD_SIZE != LOCAL_WORLD_SIZE)")
+        self.timeout_s, self.num_threads = timeout_s, num_threads
+        timeout = timedelta(seconds=timeout_s)
+        if torch.device(device).type == "cuda":
+            env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+            self.device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl", timeout=timeout, device_id=self.device)
+            self.ctl = dist.new_group(backend="gloo", timeout=timeout)
+        else:
+            self.device = torch.device("cpu")
+            dist.init_process_group("gloo", timeout=timeout)
+            self.ctl = dist.group.WORLD
+        name = [f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if self.rank == 0 else None]
+        dist.broadcast_object_list(name, src=0, group=self.ctl)
+        self.name: str = name[0]
+        self._n_shared = 0
+        R = self.world_size
+        self._status = self.shared_tensor("status", 2 * R, torch.int64).numpy()  # states, pids
+        self._msg = self.shared_tensor("msg", R * MSG_BYTES, torch.uint8).numpy()
+        self._status[R + self.rank] = os.getpid()
+        self.barrier()
+        self._failed_at: float | None = None
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, daemon=True, name="slidedp-watchdog")
+        self._watchdog.start()
+
+    # ---- shared memory -------------------------------------------------------------------------
+
+    def shared_tensor(self, tag: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled tensor in memory every local rank maps (collective: same order on all)."""
+        self._n_shared += 1
+        path = SHM_DIR / f"{self.name}.{tag}{self._n_shared}"
+        t = map_shared(path, numel, dtype) if self.local_rank == 0 else None
+        self.barrier()
+        if t is None:
+            t = map_shared(path, numel, dtype)
+        self.barrier()
+        if self.local_rank == 0:
+            path.unlink()
+        return t
+
+    def host_state(self, unit_numels: list[int], copy_dtype: torch.dtype | None = None,
+                   init: Callable[[HostState], None] | None = None) -> HostState:
+        """The one host state: local rank 0 creates it and runs init(state) (random weights, a
+        checkpoint) before the others attach; collective. init must end within timeout_s."""
+        hs = None
+        if self.local_rank == 0:
+            hs = HostState.create(unit_numels, copy_dtype, name=f"{self.name}.state")
+            if init is not None:
+                init(hs)
+        self.barrier()
+        if hs is None:
+            hs = HostState.attach(f"{self.name}.state")
+        self.barrier()
+        if hs.owner:
+            hs.unlink()
+        return hs
+
+    # ---- host-side collectives (gloo) ----------------------------------------------------------
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.ctl)
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.ctl)
+        return t.tolist()
+
+    # ---- failures ------------------------------------------------------------------------------
+
+    def fail(self, message: str) -> None:
+        """Mark this rank failed (first cause wins): every peer's watchdog stops its process."""
+        if self._status[self.rank] != RUNNING:
+            return
+        self._write_msg(self.rank, message)
+        self._status[self.rank] = FAILED
+        self._failed_at = time.monotonic()
+
+    def peer_failure(self) -> str | None:
+        """'rank Q failed: <cause>' for the first peer marked failed, else None (cheap: polled)."""
+        for q in range(self.world_size):
+            if q != self.rank and self._status[q] == FAILED:
+                return f"rank {q} failed: {self._read_msg(q)}"
+        return None
+
+    def mark_dead_peers(self) -> None:
+        """Mark failed every running peer whose process is gone (killed, os._exit)."""
+        R = self.world_size
+        for q in range(R):
+            pid = int(self._status[R + q])
+            if q != self.rank and self._status[q] == RUNNING and pid and _process_gone(pid):
+                self._write_msg(q, f"its process (pid {pid}) died without a report "
+                                   "(killed by a signal or exited)")
+                self._status[q] = FAILED
+
+    def _read_msg(self, q: int) -> str:
+        raw = bytes(self._msg[q * MSG_BYTES:(q + 1) * MSG_BYTES]).rstrip(b"\0")
+        return raw.decode(errors="replace")
+
+    def _write_msg(self, q: int, message: str) -> None:
+        raw = message.encode()[:MSG_BYTES]
+        block = self._msg[q * MSG_BYTES:(q + 1) * MSG_BYTES]
+        block[:] = 0
+        block[:len(raw)] = list(raw)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCHDOG_S):
+            if self._failed_at is not None:  # this rank is the cause: only bound its teardown
+                if time.monotonic() - self._failed_at > FAIL_GRACE_S:
+                    self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)} (teardown "
+                                            f"still running after {FAIL_GRACE_S} s)")
+                continue
+            self.mark_dead_peers()
+            peer = self.peer_failure()
+            if peer is not None:
+                self._exit(EXIT_PEER, f"stopping: {peer}")
+
+    def _exit(self, code: int, message: str) -> None:
+        """Report and leave now; a rank stopping for a peer is marked exited, not failed."""
+        if code == EXIT_PEER:
+            self._status[self.rank] = EXITED
+        print(f"slidedp rank {self.rank}: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Normal end: peers no longer watch this rank; the process groups are destroyed."""
+        self._status[self.rank] = EXITED
+        self._stop.set()
+        self._watchdog.join()
+        dist.destroy_process_group()
+
+    def __enter__(self) -> DistSession:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self.close()
+            return False
+        if self._failed_at is None:  # not marked yet (the engine marks its own task failures)
+            self.mark_dead_peers()
+            peer = self.peer_failure()
+            if isinstance(exc, PeerFailure) or peer is not None:
+                self._exit(EXIT_PEER, f"stopping: {exc if isinstance(exc, PeerFailure) else peer}")
+            self.fail(f"{exc_type.__name__}: {exc}")
+        traceback.print_exception(exc)
+        self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)}")
+        return False

@@ -1,0 +1,357 @@
+"""R rank processes (gloo, CPU) train exactly like one process with R times the batch.
+
+One torchrun launch per R in {2, 3} runs every route combination (param replicated / sharded x
+gradient gpu / cpu x update rank0 / sharded, some with the host parameter copy) in the same rank
+processes; the test then checks, from what each rank recorded:
+  equivalence  losses, gradient norms and final parameters against one process with batch R*b
+               and against plain torch AdamW (loss diff <= 1e-5, ||p - p_ref|| / ||p_ref -
+               p_init|| <= 1e-4)
+  I1           every compute task of (iteration, unit) saw the same slot bytes on every rank, and
+               those are the master's bytes at the start of that iteration (its version)
+  I2           each unit's ADAM chunks run exactly once per iteration across all processes
+               (after one REDUCE per rank, or one HOST_SUM per chunk)
+  I3           no delivery (CAST / H2D / ALLGATHER) of unit u in iteration t+1, on any rank,
+               starts before the last ADAM of u in iteration t ended (one host clock)
+  memory       host PSS summed over the ranks grows by the shared state once, not once per rank
+Adam's eps is 1e-6 here: with 1e-8 one element whose gradient is ~1e-8 turns FP32 summation-order
+noise into a sign-flipped update of lr size, and the single-process engine alone is already
+1.1e-4 from torch on the 3-rank batch (one k_proj element); with 1e-6 every route is within 1e-5.
+Run as a script, this file is the rank worker: python tests/test_dist_engine.py OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from slidedp.exec.adamw import AdamWConfig
+from slidedp.exec.dist.launch import launch
+from slidedp.graph.build import build_graph
+from slidedp.graph.tasks import Kind
+from slidedp.spec.model import parse_hf_config
+from slidedp.spec.plan import Plan
+from slidedp.spec.workload import Workload
+
+MIB = 2**20
+CFG = json.loads((Path(__file__).parents[1] / "slidedp/presets/models/tiny-qwen3.json").read_text())
+CFG = CFG | {"num_hidden_layers": 3}
+# layer-heavy: the shared state (12 B/param) dwarfs each rank's bounded buffers
+PSS_CFG = CFG | {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 16,
+                 "head_dim": 64, "vocab_size": 256}
+OPT = AdamWConfig(lr=2e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
+SEQ, SEED, STEPS, MICRO, ACCUM = 16, 0, 3, 1, 2
+SYNC_COMBO = "sharded-gpu-sharded"  # also run in the engine's sync mode (one thread per process)
+
+
+def _elems(n: int) -> float:
+    return n * 2 / MIB
+
+
+def combos() -> dict[str, Plan]:
+    out = {}
+    for param in ("replicated", "sharded"):
+        for grad in ("gpu", "cpu"):
+            for upd in ("rank0", "sharded"):
+                copy = param == "sharded" and grad == "cpu"
+                out[f"{param}-{grad}-{upd}"] = Plan(
+                    param_route=param, grad_route=grad, update_sharding=upd, window_slots=2,
+                    h2d_chunk_mib=_elems(3000), d2h_chunk_mib=_elems(2000), staging_chunks=2,
+                    d2h_staging_chunks=2, offload_ratio=0.5, host_bf16_copy=copy,
+                    update_workers=2 if upd == "rank0" else 1)
+    return out
+
+
+def workload(cfg: dict, ranks: int) -> Workload:
+    return Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=ranks * MICRO * ACCUM,
+                    micro_batch=MICRO, gpus=ranks)
+
+
+def batches(cfg: dict, batch: int, steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        ids = torch.randint(0, cfg["vocab_size"], (batch, SEQ), generator=gen)
+        labels = ids.clone()
+        labels[-1, :3] = -100
+        out.append((ids, labels))
+    return out
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.blake2b(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes(),
+                           digest_size=12).hexdigest()
+
+
+def _pss_kib() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Pss", "Pss_Anon", "Pss_Shmem"):
+            out[key] = int(rest.split()[0])
+    return out
+
+
+# ---- the rank worker ------------------------------------------------------------------------------
+
+
+def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
+    from transformers import AutoConfig
+
+    from slidedp.exec.dist.session import DistSession
+    from slidedp.exec.engine import Engine
+
+    with DistSession(device=device, timeout_s=60, num_threads=1 if device == "cpu" else None) as sess:
+        R, rank = sess.world_size, sess.rank
+        results: dict = {}
+        for name, plan in combos().items():
+            mode = "sync" if name == SYNC_COMBO else "overlap"
+            wl = workload(CFG, R)
+            numels = wl.model.unit_params()
+            hs = sess.host_state(numels, dtype if plan.host_bf16_copy else None,
+                                 init=lambda h: h.init_random(AutoConfig.for_model(**CFG), SEED))
+            seen: dict[tuple, str] = {}
+
+            def probe(it, kind, unit, slot, seen=seen):
+                seen[(it, kind.name, unit)] = _digest(slot)
+
+            eng = Engine(CFG, wl, plan, optimizer=OPT, host_state=hs, session=sess, probe=probe,
+                         mode=mode, dtype=dtype)
+            rec = {"loss": [], "norm": [], "records": [], "versions": []}
+            for ids, labels in batches(CFG, wl.global_batch):
+                if rank == 0:  # between steps nothing updates the master
+                    rec["versions"].append([_digest(hs.unit_master(u)) for u in range(len(numels))])
+                res = eng.step(ids, labels)
+                rec["loss"].append(res.loss)
+                rec["norm"].append(res.grad_norm)
+                rec["records"] += [(r.iteration, r.kind, r.unit, r.rank, r.chunk,
+                                    res.origin_s + r.start_s, res.origin_s + r.end_s)
+                                   for r in res.timeline.records]
+            rec["seen"] = seen
+            if rank == 0:
+                rec["masters"] = [hs.unit_master(u).clone() for u in range(len(numels))]
+            eng.close()
+            hs.close()
+            sess.barrier()
+            results[name] = rec
+        # memory: the PSS each rank adds while training a layer-heavy model
+        wl = workload(PSS_CFG, R)
+        sess.barrier()
+        before = _pss_kib()
+        hs = sess.host_state(wl.model.unit_params(), None,
+                             init=lambda h: h.master.normal_(0.0, 0.02))
+        eng = Engine(PSS_CFG, wl, Plan(window_slots=2, grad_route="cpu", param_route="sharded"),
+                     optimizer=OPT, host_state=hs, session=sess)
+        for ids, labels in batches(PSS_CFG, wl.global_batch, steps=2):
+            eng.step(ids, labels)
+        sess.barrier()
+        after = _pss_kib()
+        rings = eng.rings.staging + [c for ring in eng.rings.grad.values() for c in ring]
+        results["pss"] = {"before": before, "after": after,
+                          "state_bytes": 12 * sum(wl.model.unit_params()),
+                          "rings_bytes": sum(4 * c.numel() for c in rings)}
+        eng.close()
+        hs.close()
+        torch.save(results, out_dir / f"rank{rank}.pt")
+
+
+# ---- references (this process) -------------------------------------------------------------------
+
+
+def _plain_torch(cfg, data):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from slidedp.exec.layout import model_layout
+
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    layouts = model_layout(model)
+
+    def flat():
+        sd = model.state_dict()
+        return [torch.cat([sd[e.name].reshape(-1) for e in lay.entries]) for lay in layouts]
+
+    init = flat()
+    opt = torch.optim.AdamW(model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps,
+                            weight_decay=OPT.weight_decay)
+    losses = []
+    for ids, labels in data:
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, init, flat()
+
+
+def _one_process(cfg, ranks, data):
+    """The single-process engine with R times the micro-batches (same global batch)."""
+    from transformers import AutoConfig
+
+    from slidedp.exec.engine import Engine
+
+    wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=ranks * MICRO * ACCUM,
+                  micro_batch=MICRO, gpus=1)
+    eng = Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT)
+    try:
+        eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
+        res = [eng.step(ids, labels) for ids, labels in data]
+        hs = eng.host_state
+        return [r.loss for r in res], [hs.unit_master(u).clone() for u in range(hs.n_units)]
+    finally:
+        eng.close()
+        eng.host_state.close()
+
+
+def _launch(R: int, out: Path, device: str, dtype: str = "float32"):
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    rc = launch(R, [__file__, str(out), device, dtype], env=env, timeout_s=240)
+    assert rc == 0, f"torchrun exited with {rc}"
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(R)]
+    data = batches(CFG, R * MICRO * ACCUM)
+    return R, ranks, _plain_torch(CFG, data), _one_process(CFG, R, data)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["R2", "R3"])
+def run(request, tmp_path_factory):
+    return _launch(request.param, tmp_path_factory.mktemp(f"dist{request.param}"), "cpu")
+
+
+def test_every_route_matches_one_process_and_plain_adamw(run):
+    R, ranks, (ref_losses, init, ref_params), (one_losses, one_params) = run
+    for name in combos():
+        got = ranks[0][name]
+        for r in range(1, R):
+            assert ranks[r][name]["loss"] == got["loss"], f"{name}: ranks report different losses"
+        for step, (loss, ref, one) in enumerate(zip(got["loss"], ref_losses, one_losses,
+                                                    strict=True)):
+            assert abs(loss - ref) <= 1e-5, f"{name} step {step}: {loss} vs torch {ref}"
+            assert abs(loss - one) <= 1e-5, f"{name} step {step}: {loss} vs one process {one}"
+        for u, (p, pr, p1, p0) in enumerate(zip(got["masters"], ref_params, one_params, init,
+                                                strict=True)):
+            for what, ref in (("torch", pr), ("one process", p1)):
+                rel = float((p - ref).norm() / (ref - p0).norm())
+                assert rel <= 1e-4, f"{name} unit {u}: {rel:.2e} from {what}"
+
+
+def test_i1_same_version_on_every_rank(run):
+    R, ranks, _, _ = run
+    for name in combos():
+        seen = [ranks[r][name]["seen"] for r in range(R)]
+        versions = ranks[0][name]["versions"]
+        assert seen[0] and all(s.keys() == seen[0].keys() for s in seen), name
+        for (it, kind, unit), d in seen[0].items():
+            assert all(s[(it, kind, unit)] == d for s in seen), f"{name}: {kind} t{it} u{unit}"
+            assert d == versions[it][unit], f"{name}: {kind} t{it} u{unit} not version {it}"
+
+
+def _expected_adam_chunks(name: str, R: int) -> dict[int, int]:
+    g = build_graph(workload(CFG, R), combos()[name], os.cpu_count() or 1, iterations=1)
+    counts: dict[int, int] = defaultdict(int)
+    for v in range(g.n_tasks):
+        if g.kind[v] == Kind.ADAM:
+            counts[int(g.unit[v])] += 1
+    return counts
+
+
+def test_i2_one_aggregated_update_per_unit_and_iteration(run):
+    R, ranks, _, _ = run
+    for name, plan in combos().items():
+        expected = _expected_adam_chunks(name, R)
+        adams, sums, reduces = defaultdict(list), defaultdict(int), defaultdict(int)
+        for r in range(R):
+            for it, kind, unit, _rank, chunk, _s, _e in ranks[r][name]["records"]:
+                if kind == "ADAM":
+                    adams[(it, unit)].append(chunk)
+                elif kind == "HOST_SUM":
+                    sums[(it, unit, chunk)] += 1
+                elif kind == "REDUCE":
+                    reduces[(it, unit)] += 1
+        for it in range(STEPS):
+            for unit, n in expected.items():
+                assert sorted(adams[(it, unit)]) == list(range(n)), f"{name} t{it} u{unit}"
+                if plan.grad_route == "cpu":
+                    assert all(sums[(it, unit, k)] == 1 for k in range(n)), name
+                else:
+                    assert reduces[(it, unit)] == R, f"{name}: every rank reduces once"
+
+
+def test_i3_no_delivery_before_the_previous_update(run):
+    R, ranks, _, _ = run
+    for name in combos():
+        adam_end, deliver_start = defaultdict(float), defaultdict(lambda: float("inf"))
+        for r in range(R):
+            for it, kind, unit, _rank, _chunk, s, e in ranks[r][name]["records"]:
+                if kind == "ADAM":
+                    adam_end[(it, unit)] = max(adam_end[(it, unit)], e)
+                elif kind in ("CAST", "H2D", "ALLGATHER"):
+                    deliver_start[(it, unit)] = min(deliver_start[(it, unit)], s)
+        checked = 0
+        for (it, unit), end in adam_end.items():
+            if it + 1 < STEPS:
+                assert deliver_start[(it + 1, unit)] >= end, f"{name}: unit {unit} t{it + 1}"
+                checked += 1
+        assert checked
+
+
+_PSS = {}
+
+
+def test_host_pss_holds_one_state_whatever_r(run):
+    _PSS[run[0]] = _check_pss(run)
+    if {2, 3} <= _PSS.keys():
+        assert _PSS[3] - _PSS[2] < 0.5 * run[1][0]["pss"]["state_bytes"] / 1024, \
+            "host memory grows with R"
+
+
+def _check_pss(run) -> int:
+    """Summed over the ranks, the shared memory's PSS is the state once plus the shared rings,
+    and each rank's private PSS grows by bounded buffers well below the state (a per-rank copy
+    of the state would break both bounds)."""
+    R, ranks, _, _ = run
+    pss = [rk["pss"] for rk in ranks]
+    state_kib, rings_kib = pss[0]["state_bytes"] / 1024, pss[0]["rings_bytes"] / 1024
+    growth = sum(p["after"]["Pss"] - p["before"]["Pss"] for p in pss)
+    shmem = sum(p["after"]["Pss_Shmem"] - p["before"]["Pss_Shmem"] for p in pss)
+    anon = [p["after"]["Pss_Anon"] - p["before"]["Pss_Anon"] for p in pss]
+    print(f"R={R}: state {state_kib:.0f} KiB, shared rings {rings_kib:.0f} KiB, PSS growth "
+          f"{growth} KiB, shmem {shmem} KiB, private growth per rank {anon} KiB")
+    assert 0.9 * state_kib <= shmem <= state_kib + rings_kib + 1024
+    assert all(a < 0.5 * state_kib for a in anon)
+    assert growth < state_kib * (1 + 0.5 * R)
+    return growth
+
+
+# ---- on the 2-GPU machine: python -m pytest -m gpu tests/test_dist_engine.py -------------------
+
+
+@pytest.mark.gpu
+def test_cuda_two_ranks_every_route(tmp_path):
+    """NCCL collectives, comm streams, pinned shared rings, FP32: the same checks as on the CPU."""
+    run = _launch(2, tmp_path, "cuda")
+    test_every_route_matches_one_process_and_plain_adamw(run)
+    test_i1_same_version_on_every_rank(run)
+    test_i2_one_aggregated_update_per_unit_and_iteration(run)
+    test_i3_no_delivery_before_the_previous_update(run)
+    _check_pss(run)
+
+
+@pytest.mark.gpu
+def test_cuda_two_ranks_bf16_tracks_fp32_reference(tmp_path):
+    """BF16 slots, shared BF16 rings, NCCL BF16 reductions: losses near the FP32 reference."""
+    R, ranks, (ref_losses, _, _), _ = run = _launch(2, tmp_path, "cuda", "bfloat16")
+    for name in combos():
+        for loss, ref in zip(ranks[0][name]["loss"], ref_losses, strict=True):
+            assert abs(loss - ref) <= 3e-2, name
+    test_i2_one_aggregated_update_per_unit_and_iteration(run)
+    test_i3_no_delivery_before_the_previous_update(run)
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]), sys.argv[2], getattr(torch, sys.argv[3]))
