@@ -217,19 +217,28 @@ class Engine:
             torch.cuda.set_device(self.device)
             host_state.pin()
         grad_keys = sorted({key for srcs in tpl.grad_src for key, _ in srcs})
-        ring_shape = (plan.staging_chunks, tpl.largest(Kind.CAST), len(grad_keys),
-                      plan.d2h_staging_chunks, tpl.largest(Kind.D2H))
+        staging_elems, grad_elems = tpl.largest(Kind.CAST), tpl.largest(Kind.D2H)
+        staging_numel = plan.staging_chunks * staging_elems
+        grad_numel = HostRings.grad_numel(len(grad_keys), plan.d2h_staging_chunks, grad_elems)
         if session is None:
-            flat = self.pool.empty(HostRings.numel(*ring_shape), dtype)
+            staging_flat = self.pool.empty(staging_numel, dtype)
+            grad_flat = self.pool.empty(grad_numel, torch.float32)
         else:
-            flat = self.pool.register(session.shared_tensor("rings", HostRings.numel(*ring_shape),
-                                                            dtype))
+            staging_flat = self.pool.register(session.shared_tensor("staging", staging_numel, dtype))
+            grad_flat = self.pool.register(session.shared_tensor("grads", grad_numel, torch.float32))
         local_workers = sorted({tpl.worker[v] for v in range(tpl.n)
                                 if tpl.local[v] and tpl.kind[v] == Kind.ADAM})
-        needs_acc = dtype != torch.float32 or any(tpl.summed)
-        self.rings = HostRings(flat, plan.staging_chunks, ring_shape[1], grad_keys,
-                               plan.d2h_staging_chunks, ring_shape[4],
-                               local_workers if needs_acc else [], ring_shape[4])
+        self.rings = HostRings(staging_flat, plan.staging_chunks, staging_elems, grad_flat,
+                               grad_keys, plan.d2h_staging_chunks, grad_elems,
+                               local_workers if any(tpl.summed) else [], grad_elems)
+        # D2H widens a gradient chunk to FP32 on the GPU (one buffer per D2H stream: its stream
+        # order keeps the next widening behind the previous copy) and, where the chunk is the
+        # aggregated gradient, adds its squares to gpu_sqnorm there: the host makes one pass
+        # over the gradient (Adam's), not three (widen, norm, Adam).
+        self.d2h_fp32 = (torch.empty(grad_elems, device=self.device, dtype=torch.float32)
+                         if self.cuda else None)
+        self.gpu_sqnorm = torch.zeros((), device=self.device, dtype=torch.float32)
+        self.norm_on_gpu = self.cuda and not any(tpl.summed)  # D2H chunks are the aggregate
         self._done = (session.shared_tensor("done", tpl.n, torch.int64).numpy()
                       if session is not None else None)
         self.window = Window(layouts, plan.window_slots, plan.grad_buffers, self.device, dtype)
@@ -295,6 +304,7 @@ class Engine:
         st.targets = [t.reshape(-1) for t in targets[mine].to(self.device).split(mb)]
         st.rope = self.runner.rope(wl.seq_len)
         st.loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.gpu_sqnorm.zero_()
         if self.cuda:
             torch.cuda.synchronize(self.device)  # boundary sync (see the module docstring)
             self.ev_ref.record()
@@ -321,7 +331,7 @@ class Engine:
             raise st.error
         if self.cuda:
             torch.cuda.synchronize(self.device)
-        loss, sqnorm = float(st.loss), sum(st.sqnorm)
+        loss, sqnorm = float(st.loss), sum(st.sqnorm) + float(self.gpu_sqnorm)
         if self.session is None or self.session.local_rank == 0:
             self.host_state.steps += 1  # this step's update of every unit is done (rank 0: its own)
         if self.session is not None:
@@ -575,7 +585,15 @@ class Engine:
         u, lo, hi = self._range(v)
         key = (int(self.tpl.g.rank[v]), self.tpl.worker[v])
         dst = self.rings.grad[key][int(self.tpl.g.buffer[v])][:hi - lo]
-        dst.copy_(self.window.grad(u)[lo:hi], non_blocking=True)
+        src = self.window.grad(u)[lo:hi]
+        if not self.cuda:
+            dst.copy_(src)
+            return
+        wide = self.d2h_fp32[:hi - lo]
+        wide.copy_(src)
+        if self.norm_on_gpu:
+            self.gpu_sqnorm.add_(torch.dot(wide, wide))
+        dst.copy_(wide, non_blocking=True)
 
     def _run_host_sum(self, st, v):
         _, lo, hi = self._range(v)
@@ -588,8 +606,9 @@ class Engine:
             g = self.rings.acc[w][:hi - lo]
         else:
             (key, slot), = tpl.grad_src[v]
-            g = self.rings.grad_fp32(key, slot, hi - lo)
-        st.sqnorm[w] += float(torch.dot(g, g))
+            g = self.rings.grad[key][slot][:hi - lo]
+        if not self.norm_on_gpu:  # else the D2H added the chunk's squares on the GPU
+            st.sqnorm[w] += float(torch.dot(g, g))
         hs = self.host_state
         p = hs.unit_master(u)[lo:hi]
         adamw_chunk(p, g, hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi], st.adam_step[u], self.opt,

@@ -1,14 +1,16 @@
 """Bounded host buffers for the copy engines: the upload staging ring and the gradient rings.
 
-All ring buffers are views of one flat host tensor, local and page-locked for one rank, or in
-shared memory when several rank processes share them (every process maps and pins it):
+The ring buffers are views of two flat host tensors (staging in the compute dtype, gradients in
+FP32), local and page-locked for one rank, or in shared memory when several rank processes share
+them (every process maps and pins them):
     staging[i]      i < plan.staging_chunks: a CAST writes the chunk in the compute dtype, the
                     H2Ds of every rank read it (the graph's CAST `buffer`)
-    grad[(r, w)][i] the ring of rank r's gradient chunks for update worker w, i <
-                    plan.d2h_staging_chunks: rank r's D2H writes it, HOST_SUM or ADAM of worker w
-                    reads it (the graph's D2H / HOST_SUM / ADAM `buffer`); with one rank r = 0
+    grad[(r, w)][i] the ring of rank r's FP32 gradient chunks for update worker w, i <
+                    plan.d2h_staging_chunks: rank r's D2H writes it (widened to FP32 on the GPU,
+                    so Adam reads it as is), HOST_SUM or ADAM of worker w reads it (the graph's
+                    D2H / HOST_SUM / ADAM `buffer`); with one rank r = 0
     acc[w]          per update worker of this process, an FP32 chunk in which HOST_SUM adds the
-                    ranks' chunks, or a BF16 chunk is widened for Adam (private memory)
+                    ranks' chunks (private memory)
 Sizes come from the graph (the largest chunk it schedules). Page-locking is an exact-size
 cudaHostRegister (see host_state.py); `PinnedPool.empty` serves the activation offload buffers.
 """
@@ -46,33 +48,28 @@ class PinnedPool:
 class HostRings:
     def __init__(
         self,
-        flat: torch.Tensor,
+        staging_flat: torch.Tensor,
         staging_chunks: int,
         staging_elems: int,
+        grad_flat: torch.Tensor,
         grad_keys: list[tuple[int, int]],
         grad_chunks: int,
         grad_elems: int,
         acc_workers: list[int],
         acc_elems: int,
     ):
-        if flat.numel() != self.numel(staging_chunks, staging_elems, len(grad_keys), grad_chunks,
-                                      grad_elems):
-            raise ValueError("HostRings: the flat buffer has the wrong size")
-        pieces = iter(flat.split([staging_elems] * staging_chunks
-                                 + [grad_elems] * (len(grad_keys) * grad_chunks)))
-        self.staging = [next(pieces) for _ in range(staging_chunks)]
+        if (staging_flat.numel() != staging_chunks * staging_elems
+                or grad_flat.numel() != self.grad_numel(len(grad_keys), grad_chunks, grad_elems)
+                or grad_flat.dtype != torch.float32):
+            raise ValueError("HostRings: a flat buffer has the wrong size or dtype")
+        self.staging = list(staging_flat.split([staging_elems] * staging_chunks))
+        pieces = iter(grad_flat.split([grad_elems] * (len(grad_keys) * grad_chunks)))
         self.grad = {key: [next(pieces) for _ in range(grad_chunks)] for key in grad_keys}
         self.acc = {w: torch.empty(acc_elems, dtype=torch.float32) for w in acc_workers}
 
     @staticmethod
-    def numel(staging_chunks: int, staging_elems: int, n_grad_rings: int, grad_chunks: int,
-              grad_elems: int) -> int:
-        return staging_chunks * staging_elems + n_grad_rings * grad_chunks * grad_elems
-
-    def grad_fp32(self, key: tuple[int, int], slot: int, n: int) -> torch.Tensor:
-        """A gradient chunk as FP32 (a view when it already is, else widened into acc)."""
-        g = self.grad[key][slot][:n]
-        return g if g.dtype == torch.float32 else self.acc[key[1]][:n].copy_(g)
+    def grad_numel(n_grad_rings: int, grad_chunks: int, grad_elems: int) -> int:
+        return n_grad_rings * grad_chunks * grad_elems
 
     def host_sum(self, worker: int, srcs: list[tuple[tuple[int, int], int]], n: int) -> torch.Tensor:
         """acc[worker] = the sum in FP32 of the chunks (ring key, slot) in srcs, in their order."""

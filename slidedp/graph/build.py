@@ -32,7 +32,8 @@ from slidedp.spec.workload import Workload
 
 MIB = 2**20
 PARAM_BYTES = 2  # BF16 on the wire (q in method.md section 3)
-GRAD_BYTES = 2  # BF16 gradients come back
+GRAD_BYTES = 2  # BF16 gradients on the GPU (what REDUCE moves)
+GRAD_D2H_BYTES = 4  # widened to FP32 on the GPU before D2H, so the CPU update reads them as is
 _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 
@@ -134,7 +135,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
     n_workers = plan.update_workers * (R if scatter else 1)
     worker_threads = update_threads / n_workers
     h2d_chunk = max(1, int(plan.h2d_chunk_mib * MIB) // PARAM_BYTES)
-    d2h_chunk = max(1, int(plan.d2h_chunk_mib * MIB) // GRAD_BYTES)
+    d2h_chunk = max(1, int(plan.d2h_chunk_mib * MIB) // GRAD_D2H_BYTES)
     W = plan.window_slots
     lf = m.layer_flops_per_token(wl.seq_len)
     hf = m.head_flops_per_token()
@@ -251,7 +252,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             downs = []
             for r in src_ranks:
                 i, prev = d2h_rings[(r, w)].take()
-                v = b.task(Kind.D2H, t, u, r, k, d2h[r], (hi - lo) * GRAD_BYTES, lo, hi, buffer=i)
+                v = b.task(Kind.D2H, t, u, r, k, d2h[r], (hi - lo) * GRAD_D2H_BYTES, lo, hi, buffer=i)
                 b.edge(red if red >= 0 else bwd[r], v, EdgeKind.DATA)
                 b.edges(prev, v, EdgeKind.BUFFER)
                 grad_readers[r].append(v)
@@ -259,7 +260,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             # the staging chunks are read by HOST_SUM (cpu route) or directly by ADAM
             i = downs[0][2]
             consumer = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
-                              (hi - lo) * (GRAD_BYTES * len(downs) + 4), lo, hi,
+                              (hi - lo) * (GRAD_D2H_BYTES * len(downs) + 4), lo, hi,
                               threads=worker_threads, buffer=i) if len(downs) > 1 else -1
             a = b.task(Kind.ADAM, t, u, -1, k, update[w], hi - lo, lo, hi, threads=worker_threads,
                        buffer=i)

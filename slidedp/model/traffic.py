@@ -1,15 +1,16 @@
 """Traffic per layer and per step: the closed forms of method.md section 3, and the graph's sums.
 
-For a unit of P parameters, R ranks, q = 2 bytes per parameter on the wire and G = 2P gradient
-bytes, per delivery (forward, and again in backward unless the layer is still in the window):
+For a unit of P parameters, R ranks, q = 2 bytes per parameter on the wire, G = 2P gradient bytes
+on the GPU (BF16: what REDUCE moves) and G' = 4P gradient bytes on the wire back (widened to FP32
+on the GPU so that the CPU update reads them without a conversion pass), per delivery (forward, and again in backward unless the layer is still in the window):
     H2D        replicated R * q * P        sharded q * P        (+ ALLGATHER of q * P on the GPUs)
-    D2H        gpu route  G                cpu route R * G      (+ REDUCE of G on the GPUs, gpu route)
+    D2H        gpu route  G'               cpu route R * G'     (+ REDUCE of G on the GPUs, gpu route)
 The two tests agree: the graph's per-kind sums equal these formulas for every route combination.
 """
 
 from __future__ import annotations
 
-from slidedp.graph.build import GRAD_BYTES, PARAM_BYTES
+from slidedp.graph.build import GRAD_BYTES, GRAD_D2H_BYTES, PARAM_BYTES
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
 
@@ -21,11 +22,11 @@ def layer_traffic_bytes(params: int, ranks: int, plan: Plan) -> dict[str, float]
     """Bytes moved for one delivery and one gradient return of a unit of `params` parameters."""
     sharded = plan.param_route == ParamRoute.SHARDED and ranks > 1
     gpu_reduce = plan.grad_route == GradRoute.GPU
-    q, g = PARAM_BYTES * params, GRAD_BYTES * params
+    q, g, g_wire = PARAM_BYTES * params, GRAD_BYTES * params, GRAD_D2H_BYTES * params
     return {
         "h2d": q if sharded else ranks * q,
         "allgather": q if sharded else 0.0,
-        "d2h": g if (gpu_reduce or ranks == 1) else ranks * g,
+        "d2h": g_wire if (gpu_reduce or ranks == 1) else ranks * g_wire,
         "reduce": g if (gpu_reduce and ranks > 1) else 0.0,
     }
 
