@@ -6,12 +6,20 @@ options < `key=value` overrides (values parsed as TOML, else taken as strings). 
 configuration is printed at start as a TOML table that --config accepts back.
 The defaults train the tiny-qwen3 preset on the bundled tiny-markov data (seq 64) for 100 steps
 (a few seconds on a CPU); for a real model set at least --model, --data, --seq and --lr.
+
+--nproc R > 1 trains data-parallel in R rank processes on this host (GPUs: NCCL, one GPU each;
+CPU: gloo): this process checks the options, the fit and --out (bad input: one line, exit 2),
+then starts the ranks with torchrun (exec/dist/launch.py), passing them the resolved options,
+and returns torchrun's exit status. Each rank (is_rank_process()) runs the Trainer with a
+DistSession; local rank 0 prints and writes the output. A rank that fails stops the others
+(the watchdog of exec/dist/session.py): "slidedp rank R: failed: <cause>", nonzero exit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import tomllib
 from pathlib import Path
@@ -21,24 +29,33 @@ from tqdm import tqdm
 
 from slidedp.commands.common import add_plan_options, resolve
 from slidedp.exec.adamw import AdamWConfig
+from slidedp.exec.dist import DistSession, is_rank_process, launch
 from slidedp.exec.io import open_model_source
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
-from slidedp.exec.trainer import BASE_HARDWARE, DTYPES, TrainConfig, Trainer, local_hardware
+from slidedp.exec.trainer import (
+    BASE_HARDWARE,
+    DTYPES,
+    TrainConfig,
+    Trainer,
+    local_hardware,
+    preflight,
+)
 from slidedp.spec.errors import SpecError
 from slidedp.spec.tomlio import read_toml
 
 DEVICES = ("cpu", "cuda")
 DEFAULTS = {
     "model": "tiny-qwen3", "data": "tiny-markov", "out": None, "seq": 64, "global_batch": 16,
-    "micro_batch": 8, "steps": 100, "lr": 3e-3, "weight_decay": 0.01, "betas": [0.9, 0.95],
-    "eps": 1e-8, "lr_schedule": "cosine", "warmup_steps": 10, "grad_clip": None, "dtype": None,
-    "device": None, "seed": 0, "no_shuffle": False, "checkpoint_every": 0,
-    "keep_checkpoints": 2, "resume": False, "trace": None, "hardware": None, "plan": None,
+    "micro_batch": 8, "nproc": 1, "timeout": 1800, "steps": 100, "lr": 3e-3,
+    "weight_decay": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "lr_schedule": "cosine",
+    "warmup_steps": 10, "grad_clip": None, "dtype": None, "device": None, "seed": 0,
+    "no_shuffle": False, "checkpoint_every": 0, "keep_checkpoints": 2, "resume": False,
+    "trace": None, "hardware": None, "plan": None,
     "param_route": None, "grad_route": None, "update_sharding": None, "chunk_mib": None,
     "window_slots": None, "offload_ratio": None, "update_workers": None, "host_bf16_copy": None,
 }
-INTS = {"seq", "global_batch", "micro_batch", "steps", "warmup_steps", "seed", "checkpoint_every",
-        "keep_checkpoints", "window_slots", "update_workers"}
+INTS = {"seq", "global_batch", "micro_batch", "nproc", "timeout", "steps", "warmup_steps", "seed",
+        "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers"}
 FLOATS = {"lr", "weight_decay", "eps", "grad_clip", "chunk_mib", "offload_ratio"}
 BOOLS = {"no_shuffle", "resume", "host_bf16_copy"}
 CHOICES = {"lr_schedule": SCHEDULES, "dtype": tuple(DTYPES), "device": DEVICES}
@@ -59,6 +76,10 @@ def register(sub) -> None:
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step (default 16)")
     g.add_argument("--micro-batch", type=int, help="sequences per forward/backward (default 8)")
     g.add_argument("--steps", type=int, help="optimizer steps in all (default 100)")
+    g.add_argument("--nproc", type=int, help="data-parallel rank processes on this host, one per "
+                   "GPU (default 1: this process)")
+    g.add_argument("--timeout", type=int, help="seconds a rank waits for the others before the "
+                   "job fails (default 1800; a failed or dead rank stops the job at once)")
     g.add_argument("--device", choices=DEVICES, help="default: cuda when available, else cpu")
     g.add_argument("--dtype", choices=tuple(DTYPES),
                    help="compute and export dtype (default: bfloat16 on cuda, float32 on cpu)")
@@ -161,21 +182,29 @@ def format_config(opts: dict) -> str:
 
 
 def build(opts: dict):
-    """(TrainConfig, ModelSource) from resolved options; SpecErrors name the option or file."""
+    """(TrainConfig, ModelSource) from resolved options; SpecErrors name the option or file.
+    The workload spans opts["nproc"] ranks (global batch = micro-batch x ranks x accumulation)."""
+    ranks, mb, gb = opts["nproc"], opts["micro_batch"], opts["global_batch"]
+    if gb % (mb * ranks):
+        raise SpecError("command line", "global_batch", f"a multiple of micro_batch x nproc = "
+                        f"{mb} x {ranks} = {mb * ranks}, got {gb}")
+    if opts["device"] == "cuda" and ranks > torch.cuda.device_count():
+        raise SpecError("command line", "--nproc", f"at most the {torch.cuda.device_count()} "
+                        f"CUDA devices of this host (one per rank), got {ranks}")
     source = open_model_source(opts["model"], seed=opts["seed"])
     ns = argparse.Namespace(**{k: opts[k] for k in (
         "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
         "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
         "host_bf16_copy")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
-        gpus=1)
+        gpus=ranks)
     r = resolve(ns)
-    hw = r.hardware if opts["hardware"] else local_hardware(opts["device"])
+    hw = r.hardware if opts["hardware"] else local_hardware(opts["device"], ranks)
     opt = AdamWConfig(lr=opts["lr"], betas=tuple(opts["betas"]), eps=opts["eps"],
                       weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"])
     sched = LrSchedule(opts["lr_schedule"], opts["lr"], opts["warmup_steps"], opts["steps"])
     cfg = TrainConfig(
         out=Path(opts["out"]), data=opts["data"], seq=opts["seq"],
-        global_batch=r.workload.global_batch, micro_batch=opts["micro_batch"],
+        global_batch=r.workload.global_batch, micro_batch=mb,
         steps=opts["steps"], optimizer=opt, schedule=sched, dtype=opts["dtype"],
         device=opts["device"], seed=opts["seed"], shuffle=not opts["no_shuffle"],
         checkpoint_every=opts["checkpoint_every"], keep_checkpoints=opts["keep_checkpoints"],
@@ -186,21 +215,44 @@ def build(opts: dict):
 
 def run(args: argparse.Namespace) -> int:
     opts = resolve_options(args)
+    if is_rank_process():  # started by the launch below (or by torchrun directly)
+        opts["nproc"] = int(os.environ["WORLD_SIZE"])
+        # on the CPU every rank computes: a share of the cores each (GPUs: dist/ownership.py)
+        threads = (max(1, (os.cpu_count() or 1) // opts["nproc"]) if opts["device"] == "cpu"
+                   else None)
+        with DistSession(opts["device"], timeout_s=opts["timeout"], num_threads=threads) as sess:
+            cfg, source = build(opts)
+            return train(cfg, source, sess)
     print(format_config(opts), flush=True)
     cfg, source = build(opts)
+    if opts["nproc"] == 1:
+        return train(cfg, source)
+    preflight(cfg, source, opts["nproc"])
+    overrides = [f"{k}={json.dumps(v)}" for k, v in opts.items() if v is not None]
+    return launch(opts["nproc"], ["-m", "slidedp.cli", "train", *overrides],
+                  env={"OMP_NUM_THREADS": "1"} | dict(os.environ))
+
+
+def train(cfg: TrainConfig, source, session: DistSession | None = None) -> int:
+    """Run the Trainer; the lead process (see Trainer) prints and shows the progress bar."""
     t0 = time.perf_counter()
-    with Trainer(cfg, source) as tr:
+    with Trainer(cfg, source, session) as tr:
+        lead = tr.lead
         gib = 2**30
         resumed = f"; resuming after step {tr.step}" if tr.step else ""
-        print(f"model {source.where}: {source.spec.total_params():,} parameters; footprint "
-              f"{tr.gpu_bytes / gib:.2f} GiB device, {tr.host_bytes / gib:.2f} GiB host "
-              f"(fits {cfg.hardware.name}){resumed}", flush=True)
-        print(f"plan: params {cfg.plan.param_route}, window {cfg.plan.window_slots} slots, chunks "
-              f"{cfg.plan.h2d_chunk_mib:g}/{cfg.plan.d2h_chunk_mib:g} MiB, offload r="
-              f"{cfg.plan.offload_ratio:g}, {cfg.plan.update_workers} update worker(s)", flush=True)
+        ranks = f" x {tr.wl.gpus} ranks" if tr.wl.gpus > 1 else ""
+        if lead:
+            print(f"model {source.where}: {source.spec.total_params():,} parameters; footprint "
+                  f"{tr.gpu_bytes / gib:.2f} GiB device{ranks}, {tr.host_bytes / gib:.2f} GiB "
+                  f"host (fits {cfg.hardware.name}){resumed}", flush=True)
+            print(f"plan: params {cfg.plan.param_route}, window {cfg.plan.window_slots} slots, "
+                  f"chunks {cfg.plan.h2d_chunk_mib:g}/{cfg.plan.d2h_chunk_mib:g} MiB, offload r="
+                  f"{cfg.plan.offload_ratio:g}, {cfg.plan.update_workers} update worker(s)",
+                  flush=True)
         first = tr.step
         losses: list[float] = []
-        bar = tqdm(total=cfg.steps, initial=first, unit="step", dynamic_ncols=True)
+        bar = tqdm(total=cfg.steps, initial=first, unit="step", dynamic_ncols=True,
+                   disable=not lead)
 
         def on_step(row: dict) -> None:
             losses.append(row["loss"])
@@ -212,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
             tr.run(on_step)
         finally:
             bar.close()
+    if not lead:
+        return 0
     if losses:
         print(f"trained steps {first + 1}..{cfg.steps} in {time.perf_counter() - t0:.1f} s: "
               f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
