@@ -46,4 +46,5 @@ def small_plans(draw):
         reload_ahead_layers=draw(st.integers(1, 2)),
         update_workers=draw(st.integers(1, 2)),
         host_bf16_copy=draw(st.booleans()),
+        defer_update=draw(st.booleans()),
     )

@@ -13,6 +13,9 @@ processes; the test then checks, from what each rank recorded:
   I3           no delivery (CAST / H2D / ALLGATHER) of unit u in iteration t+1, on any rank,
                starts before the last ADAM of u in iteration t ended (one host clock)
   memory       host PSS summed over the ranks grows by the shared state once, not once per rank
+  clipping     four route combinations again with grad_clip = CLIP (deferred update, the norm
+               summed from every process's chunks): against plain torch with clip_grad_norm_,
+               clipping every step; I1-I3 as above
 Adam's eps is 1e-6 here: with 1e-8 one element whose gradient is ~1e-8 turns FP32 summation-order
 noise into a sign-flipped update of lr size, and the single-process engine alone is already
 1.1e-4 from torch on the 3-rank batch (one k_proj element); with 1e-6 every route is within 1e-5.
@@ -26,6 +29,7 @@ import json
 import os
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -48,6 +52,9 @@ PSS_CFG = CFG | {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_laye
 OPT = AdamWConfig(lr=2e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
 SEQ, SEED, STEPS, MICRO, ACCUM = 16, 0, 3, 1, 2
 SYNC_COMBO = "sharded-gpu-sharded"  # also run in the engine's sync mode (one thread per process)
+CLIP = 0.5  # below every step's gradient norm here: clips every step
+CLIPPED = ("replicated-gpu-rank0", "replicated-cpu-rank0", "sharded-gpu-sharded",
+           "sharded-cpu-sharded")
 
 
 def _elems(n: int) -> float:
@@ -65,7 +72,13 @@ def combos() -> dict[str, Plan]:
                     h2d_chunk_mib=_elems(3000), d2h_chunk_mib=_elems(2000), staging_chunks=2,
                     d2h_staging_chunks=2, offload_ratio=0.5, host_bf16_copy=copy,
                     update_workers=2 if upd == "rank0" else 1)
+    for name in CLIPPED:  # run with grad_clip = CLIP, which defers the update
+        out[f"{name}-clip"] = replace(out[name], defer_update=True)
     return out
+
+
+def optimizer(plan: Plan) -> AdamWConfig:
+    return replace(OPT, grad_clip=CLIP) if plan.defer_update else OPT
 
 
 def workload(cfg: dict, ranks: int) -> Workload:
@@ -121,8 +134,8 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
             def probe(it, kind, unit, slot, seen=seen):
                 seen[(it, kind.name, unit)] = _digest(slot)
 
-            eng = Engine(CFG, wl, plan, optimizer=OPT, host_state=hs, session=sess, probe=probe,
-                         mode=mode, dtype=dtype)
+            eng = Engine(CFG, wl, plan, optimizer=optimizer(plan), host_state=hs, session=sess,
+                         probe=probe, mode=mode, dtype=dtype)
             rec = {"loss": [], "norm": [], "records": [], "versions": []}
             for ids, labels in batches(CFG, wl.global_batch):
                 if rank == 0:  # between steps nothing updates the master
@@ -164,7 +177,7 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
 # ---- references (this process) -------------------------------------------------------------------
 
 
-def _plain_torch(cfg, data):
+def _plain_torch(cfg, data, opt_cfg=OPT):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from slidedp.exec.layout import model_layout
@@ -178,12 +191,14 @@ def _plain_torch(cfg, data):
         return [torch.cat([sd[e.name].reshape(-1) for e in lay.entries]) for lay in layouts]
 
     init = flat()
-    opt = torch.optim.AdamW(model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps,
-                            weight_decay=OPT.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
+                            eps=opt_cfg.eps, weight_decay=opt_cfg.weight_decay)
     losses = []
     for ids, labels in data:
         loss = model(ids, labels=labels).loss
         loss.backward()
+        if opt_cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
@@ -225,18 +240,22 @@ def run(request, tmp_path_factory):
 
 def test_every_route_matches_one_process_and_plain_adamw(run):
     R, ranks, (ref_losses, init, ref_params), (one_losses, one_params) = run
-    for name in combos():
+    clip_losses, _, clip_params = _plain_torch(CFG, batches(CFG, R * MICRO * ACCUM),
+                                               replace(OPT, grad_clip=CLIP))
+    for name, plan in combos().items():
         got = ranks[0][name]
         for r in range(1, R):
             assert ranks[r][name]["loss"] == got["loss"], f"{name}: ranks report different losses"
-        for step, (loss, ref, one) in enumerate(zip(got["loss"], ref_losses, one_losses,
-                                                    strict=True)):
-            assert abs(loss - ref) <= 1e-5, f"{name} step {step}: {loss} vs torch {ref}"
-            assert abs(loss - one) <= 1e-5, f"{name} step {step}: {loss} vs one process {one}"
-        for u, (p, pr, p1, p0) in enumerate(zip(got["masters"], ref_params, one_params, init,
-                                                strict=True)):
-            for what, ref in (("torch", pr), ("one process", p1)):
-                rel = float((p - ref).norm() / (ref - p0).norm())
+            assert ranks[r][name]["norm"] == got["norm"], f"{name}: ranks report different norms"
+        refs = {"torch": (ref_losses, ref_params), "one process": (one_losses, one_params)}
+        if plan.defer_update:
+            refs = {"torch clip_grad_norm_": (clip_losses, clip_params)}
+            assert all(n > CLIP for n in got["norm"]), f"{name}: a step was not clipped"
+        for what, (losses, params) in refs.items():
+            for step, (loss, ref) in enumerate(zip(got["loss"], losses, strict=True)):
+                assert abs(loss - ref) <= 1e-5, f"{name} step {step}: {loss} vs {what} {ref}"
+            for u, (p, pr, p0) in enumerate(zip(got["masters"], params, init, strict=True)):
+                rel = float((p - pr).norm() / (pr - p0).norm())
                 assert rel <= 1e-4, f"{name} unit {u}: {rel:.2e} from {what}"
 
 

@@ -4,9 +4,12 @@ Reference: the same transformers model (AutoModelForCausalLM.from_config, FP32, 
 with torch.optim.AdamW on the same global batches. Tolerances: loss difference <= 1e-5 per step,
 ||p - p_ref|| / ||p_ref - p_init|| <= 1e-4 per unit. The overlapped mode equals the synchronous
 one bit for bit, and its measured Timeline shows the update overlapping backward.
+Gradient clipping is checked against torch.nn.utils.clip_grad_norm_ before torch.optim.AdamW,
+with a max_norm that clips every step and one that never does.
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,7 +56,7 @@ def _batches(cfg, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _reference(cfg, batches):
+def _reference(cfg, batches, opt_cfg=OPT):
     config = AutoConfig.for_model(**cfg)
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(config)
@@ -64,13 +67,15 @@ def _reference(cfg, batches):
         return [torch.cat([sd[e.name].reshape(-1) for e in lay.entries]) for lay in layouts]
 
     init = flat()
-    opt = torch.optim.AdamW(model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps,
-                            weight_decay=OPT.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
+                            eps=opt_cfg.eps, weight_decay=opt_cfg.weight_decay)
     losses, norms = [], []
     for ids, labels in batches:
         loss = model(ids, labels=labels).loss
         loss.backward()
         norms.append(float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters()))))
+        if opt_cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
@@ -78,10 +83,10 @@ def _reference(cfg, batches):
 
 
 def _train(cfg, plan: Plan, batches, mode="overlap", micro_batch=2, device="cpu",
-           dtype=torch.float32):
+           dtype=torch.float32, opt=OPT):
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=len(batches[0][0]),
                   micro_batch=micro_batch, gpus=1)
-    eng = Engine(cfg, wl, plan, optimizer=OPT, mode=mode, device=device, dtype=dtype)
+    eng = Engine(cfg, wl, plan, optimizer=opt, mode=mode, device=device, dtype=dtype)
     try:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         results = [eng.step(ids, labels) for ids, labels in batches]
@@ -92,10 +97,12 @@ def _train(cfg, plan: Plan, batches, mode="overlap", micro_batch=2, device="cpu"
         eng.host_state.close()
 
 
-def _check_against_reference(cfg, plan, micro_batch, batch=4, device="cpu", mode="overlap"):
+def _check_against_reference(cfg, plan, micro_batch, batch=4, device="cpu", mode="overlap",
+                             opt=OPT):
     batches = _batches(cfg, batch)
-    ref_losses, ref_norms, init, ref_params = _reference(cfg, batches)
-    results, params = _train(cfg, plan, batches, micro_batch=micro_batch, device=device, mode=mode)
+    ref_losses, ref_norms, init, ref_params = _reference(cfg, batches, opt)
+    results, params = _train(cfg, plan, batches, micro_batch=micro_batch, device=device, mode=mode,
+                             opt=opt)
     for r, loss, norm in zip(results, ref_losses, ref_norms, strict=True):
         assert abs(r.loss - loss) <= 1e-5
         assert r.grad_norm == pytest.approx(norm, rel=1e-5)
@@ -143,6 +150,43 @@ def test_overlap_equals_sync_bit_for_bit():
     assert keys == {(r.kind, r.unit, r.rank, r.chunk, r.agent) for r in b[0].timeline.records}
 
 
+CLIP_PLAN = "w2-chunks"  # several gradient chunks per unit and a two-chunk ring: deferral must
+# grow the ring to the whole gradient, or the D2Hs would wait for ADAMs that wait for them
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])  # clips every step / never
+def test_clipping_matches_clip_grad_norm(max_norm):
+    cfg, (plan, micro_batch) = CONFIGS["qwen3"], PLANS[CLIP_PLAN]
+    opt = replace(OPT, grad_clip=max_norm)
+    results = _check_against_reference(cfg, plan, micro_batch, opt=opt)
+    clipped = [r.grad_norm > max_norm for r in results]  # grad_norm: the unclipped norm
+    assert all(clipped) if max_norm < 1 else not any(clipped)
+    if max_norm < 1:  # the test can tell: clipping moves the parameters far beyond 1e-4
+        batches = _batches(cfg, 4)
+        _, _, init, plain = _reference(cfg, batches)
+        _, _, _, clip = _reference(cfg, batches, opt)
+        assert min(float((p - c).norm() / (c - p0).norm())
+                   for p, c, p0 in zip(plain, clip, init, strict=True)) > 1e-2
+
+
+def test_clipping_overlap_equals_sync_bit_for_bit():
+    cfg = CONFIGS["llama"]
+    plan = Plan(window_slots=2, h2d_chunk_mib=_elems(2500), d2h_chunk_mib=_elems(2500),
+                d2h_staging_chunks=1, update_workers=2)
+    opt = replace(OPT, grad_clip=0.5)
+    batches = _batches(cfg, 4)
+    a, pa = _train(cfg, plan, batches, mode="overlap", opt=opt)
+    b, pb = _train(cfg, plan, batches, mode="sync", opt=opt)
+    assert [r.loss for r in a] == [r.loss for r in b]
+    assert [r.grad_norm for r in a] == [r.grad_norm for r in b]
+    assert all(r.grad_norm > 0.5 for r in a)
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
+    # deferred: every ADAM started after the last D2H ended (one host clock, CPU copies)
+    recs = a[-1].timeline.records
+    assert min(r.start_s for r in recs if r.kind == "ADAM") >= max(
+        r.end_s for r in recs if r.kind == "D2H")
+
+
 def test_overlap_mode_overlaps_update_with_backward():
     """Measured: some ADAM chunk of layer l runs while the compute stream works on a layer < l."""
     cfg = _COMMON | {"model_type": "llama", "hidden_size": 256, "intermediate_size": 1024,
@@ -176,7 +220,7 @@ def test_unsupported_inputs_rejected():
     with pytest.raises(SpecError):
         Engine(CONFIGS["llama"], wl, Plan(activation_policy=ActivationPolicy.NONE), optimizer=OPT)
     with pytest.raises(SpecError):
-        Engine(CONFIGS["llama"], wl, Plan(), optimizer=AdamWConfig(grad_clip=1.0))
+        AdamWConfig(grad_clip=0.0)
     with pytest.raises(SpecError):  # the workload's model is not the config's
         Engine(CONFIGS["qwen2"], wl, Plan(), optimizer=OPT)
 

@@ -1,7 +1,8 @@
-"""Task-graph structure: acyclic, one Adam per chunk, version gates, buffers, scale."""
+"""Task-graph structure: acyclic, one Adam per chunk, version gates, buffers, deferred update, scale."""
 
 import time
 from collections import Counter
+from dataclasses import replace
 
 import networkx as nx
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import given
 from strategies import small_plans, small_workloads
 
 from slidedp.graph import EdgeKind, Kind, build_graph
-from slidedp.graph.build import chunk_ranges, shard_ranges
+from slidedp.graph.build import chunk_ranges, grad_ring_sizes, shard_ranges
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
@@ -78,6 +79,50 @@ def test_compute_order_and_deliveries(wl, plan):
         for u in range(1, L + 1):
             first_chunks = (g.kind == Kind.H2D) & (g.unit == u) & (g.rank == r) & (g.chunk == 0)
             assert first_chunks.sum() == (1 if u > L - W else 2)
+
+
+@given(small_workloads(), small_plans())
+def test_deferred_update_waits_for_every_download(wl, plan):
+    """defer_update: every ADAM of iteration t has every D2H of t among its ancestors; without
+    it, some ADAM starts before the last D2H (when there are two gradient chunks or more)."""
+    g = build_graph(wl, replace(plan, defer_update=True), cores=8, iterations=2)
+    g0 = build_graph(wl, replace(plan, defer_update=False), cores=8, iterations=2)
+    assert np.array_equal(np.sort(g.kind), np.sort(g0.kind))  # same tasks, one ADAM per chunk
+    for t in range(2):
+        d2h = np.flatnonzero((g.kind == Kind.D2H) & (g.iteration == t))
+        anc = _d2h_ancestors(g, d2h)
+        full = (1 << len(d2h)) - 1
+        adams = np.flatnonzero((g.kind == Kind.ADAM) & (g.iteration == t))
+        assert all(anc[v] == full for v in adams.tolist())
+        assert adams.min() > d2h.max()
+    d2h0 = np.flatnonzero((g0.kind == Kind.D2H) & (g0.iteration == 0))
+    anc0 = _d2h_ancestors(g0, d2h0)
+    adams0 = np.flatnonzero((g0.kind == Kind.ADAM) & (g0.iteration == 0))
+    if len(adams0) > 1:
+        assert anc0[int(adams0[0])] != (1 << len(d2h0)) - 1
+    # the rings the ADAMs read hold an iteration's chunks of their worker
+    sizes = grad_ring_sizes(wl, replace(plan, defer_update=True))
+    chunks = Counter(int(w) for w in _adam_workers(g, 0))
+    summed = plan.grad_route == GradRoute.CPU and wl.gpus > 1
+    for (r, w), n in sizes.items():
+        assert n == (chunks[w] if r == 0 or not summed else plan.d2h_staging_chunks)
+
+
+def _d2h_ancestors(g, d2h: np.ndarray) -> list[int]:
+    """Per task, a bitset of the tasks in `d2h` among its ancestors (or itself)."""
+    bit = dict(zip(d2h.tolist(), range(len(d2h)), strict=True))
+    anc = [0] * g.n_tasks
+    for v in bit:
+        anc[v] = 1 << bit[v]
+    order = np.argsort(g.edge_dst, kind="stable")
+    for s, d in zip(g.edge_src[order].tolist(), g.edge_dst[order].tolist(), strict=True):
+        anc[d] |= anc[s]  # ids are a topological order: every source is final before its target
+    return anc
+
+
+def _adam_workers(g, t: int) -> list[int]:
+    names = [int(n.removeprefix("cpu.update")) if n.startswith("cpu.update") else -1 for n in g.agents]
+    return [names[a] for a in g.agent[(g.kind == Kind.ADAM) & (g.iteration == t)].tolist()]
 
 
 def test_chunk_and_shard_ranges():

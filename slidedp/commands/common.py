@@ -41,6 +41,9 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--update-workers", type=int)
     g.add_argument("--host-bf16-copy", action="store_true", default=None,
                    help="keep a BF16 copy on the host written by the update (no cast pass)")
+    g.add_argument("--defer-update", action="store_true", default=None,
+                   help="run every update after the whole backward, as exact gradient clipping "
+                   "needs (+4 B/param host memory; train defers whenever it clips)")
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "update_sharding": args.update_sharding and UpdateSharding(args.update_sharding),
             "h2d_chunk_mib": args.chunk_mib, "d2h_chunk_mib": args.chunk_mib,
             "window_slots": args.window_slots, "offload_ratio": args.offload_ratio,
-            "update_workers": args.update_workers, "host_bf16_copy": args.host_bf16_copy}
+            "update_workers": args.update_workers, "host_bf16_copy": args.host_bf16_copy,
+            "defer_update": getattr(args, "defer_update", None)}  # train's options lack it
     try:
         plan = plan.with_overrides(**over)
     except SpecError as e:
@@ -86,4 +90,4 @@ def describe(r: Resolved) -> str:
             f"{w.micro_batch} x accum {w.accum_steps} = global batch {w.global_batch} | "
             f"params {p.param_route}, grads {p.grad_route}, update {p.update_sharding} | chunks "
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
-            f"offload r={p.offload_ratio:g}")
+            f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}")

@@ -93,7 +93,8 @@ def register(sub) -> None:
     o.add_argument("--eps", type=float, help="default 1e-8")
     o.add_argument("--lr-schedule", choices=SCHEDULES, help="after a linear warmup (default cosine)")
     o.add_argument("--warmup-steps", type=int, help="default 10")
-    o.add_argument("--grad-clip", type=float, help="global L2 norm clip (not supported yet)")
+    o.add_argument("--grad-clip", type=float,
+                   help="clip the global L2 gradient norm to this (exact: defers the update)")
     c = p.add_argument_group("checkpoints and output")
     c.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 0: "
                    "only after the last step)")
@@ -209,7 +210,7 @@ def build(opts: dict):
         device=opts["device"], seed=opts["seed"], shuffle=not opts["no_shuffle"],
         checkpoint_every=opts["checkpoint_every"], keep_checkpoints=opts["keep_checkpoints"],
         resume=opts["resume"], trace=Path(opts["trace"]) if opts["trace"] else None,
-        plan=r.plan, hardware=hw)
+        plan=r.plan.with_overrides(defer_update=True if opts["grad_clip"] else None), hardware=hw)
     return cfg, source
 
 

@@ -25,11 +25,13 @@ class AdamWConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
-    grad_clip: float | None = None  # global L2 norm clipping: not supported yet (see engine.py)
+    grad_clip: float | None = None  # max global L2 norm, as clip_grad_norm_ (engine.py: exact)
 
     def __post_init__(self):
         if self.lr < 0 or self.eps < 0 or self.weight_decay < 0:
             raise SpecError("optimizer", "lr/eps/weight_decay", "non-negative numbers")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise SpecError("optimizer", "grad_clip", f"a positive number or None, got {self.grad_clip}")
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise SpecError("optimizer", "betas", f"two numbers in [0, 1), got {self.betas}")
 

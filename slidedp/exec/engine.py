@@ -70,11 +70,26 @@ Loss = mean over the non-ignored tokens of the GLOBAL batch (labels shifted as H
 rank's gradient is scaled by the global count, so their sum (REDUCE or HOST_SUM) is the
 gradient of the global batch.
 
-Gradient clipping is not supported: with updates streaming during backward the global norm is
-known only after the last ADAM; an exact version must defer every update until then (keeping the
-whole gradient on the host, +2 B/param, and losing the update/backward overlap) or defer it into
-the next step's forward (method.md section 11). AdamWConfig(grad_clip=...) is rejected.
-The reported grad_norm is exact: the L2 norm of the gradient chunks as ADAM consumes them.
+Gradient norm: whoever produces an aggregated gradient chunk writes its sum of squares into
+`sq[tpl.norm_slot[v]]`, one FP32 entry per producer in host memory (shared with R > 1): a D2H
+read by ADAM directly (on the GPU it squares the widened FP32 chunk there and copies the scalar
+back behind the chunk, so the host makes one pass over the gradient, Adam's; on the CPU a host
+dot) or a HOST_SUM (a host dot of the sum). The reported grad_norm is the exact unclipped norm:
+each process sums the entries it wrote, then the step-end all-reduce.
+
+Gradient clipping (AdamWConfig.grad_clip = max_norm), exactly as
+torch.nn.utils.clip_grad_norm_(params, max_norm) before torch.optim.AdamW: the engine runs the
+plan with defer_update (it sets it), so every ADAM of the step comes after every chunk producer
+of the step (graph/build.py: DATA edges to the first ADAM of each update worker, waited on
+locally or through the shared counters). That first ADAM sums all of sq in float64 (every entry
+is final: its producer is a predecessor, in this process or another) and takes
+coef = min(1, max_norm / (norm + 1e-6)); every ADAM of the worker multiplies its FP32 chunk by
+coef in place when coef < 1, as clip_grad_norm_ multiplies the gradients (torch._fused_adamw_'s
+grad_scale would divide by 1/coef instead: not the same rounding). Every worker of every process
+computes the same coef from the same entries in the same order, so R ranks, any route, clip
+alike. Cost: the rings the ADAMs read hold a whole step's FP32 gradient (+4 B/param of host
+memory, model/memory.py), the update no longer overlaps backward (the CPU update is exposed
+after it), and a clipped step makes one more pass (read + write) over the gradient.
 """
 
 from __future__ import annotations
@@ -86,7 +101,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -141,7 +156,7 @@ class _StepState:
         self.issued = [threading.Event() for _ in range(n_tasks)]
         self.host_s = [(0.0, 0.0)] * n_tasks
         self.error: BaseException | None = None
-        self.sqnorm = [0.0] * workers  # per update worker: sum of squared gradient elements
+        self.clip = [1.0] * workers  # per update worker: the clipping coefficient of this step
         self.adam_step: list[int] = []  # per unit: its update count including this step's
         self.act_out: dict[tuple[int, int], torch.Tensor] = {}  # (layer, mb) -> to offload
         self.cur: list[torch.Tensor] = []  # per micro-batch: hidden states / their gradients
@@ -179,8 +194,8 @@ class Engine:
                             "(DistSession.host_state)")
         if plan.activation_policy != ActivationPolicy.LAYER:
             raise SpecError("plan", "activation_policy", "'layer' (the only policy the executor runs)")
-        if optimizer.grad_clip is not None:
-            raise SpecError("optimizer", "grad_clip", "None: clipping is not supported (engine.py)")
+        if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
+            plan = replace(plan, defer_update=True)
         self.session, self.probe, self.R = session, probe, R
         self.rank = session.rank if session else 0
         self.device = session.device if session else torch.device(device)
@@ -216,29 +231,40 @@ class Engine:
         if self.cuda:
             torch.cuda.set_device(self.device)
             host_state.pin()
-        grad_keys = sorted({key for srcs in tpl.grad_src for key, _ in srcs})
+        ring_chunks = g.meta["grad_ring_chunks"]
+        grad_chunks = {key: ring_chunks[key]
+                       for key in sorted({key for srcs in tpl.grad_src for key, _ in srcs})}
         staging_elems, grad_elems = tpl.largest(Kind.CAST), tpl.largest(Kind.D2H)
         staging_numel = plan.staging_chunks * staging_elems
-        grad_numel = HostRings.grad_numel(len(grad_keys), plan.d2h_staging_chunks, grad_elems)
+        grad_numel = HostRings.grad_numel(grad_chunks, grad_elems)
         if session is None:
             staging_flat = self.pool.empty(staging_numel, dtype)
             grad_flat = self.pool.empty(grad_numel, torch.float32)
+            self.sq = torch.empty(tpl.n_norm, dtype=torch.float32, pin_memory=self.cuda)
         else:
             staging_flat = self.pool.register(session.shared_tensor("staging", staging_numel, dtype))
             grad_flat = self.pool.register(session.shared_tensor("grads", grad_numel, torch.float32))
+            self.sq = self.pool.register(session.shared_tensor("gradsq", tpl.n_norm, torch.float32))
         local_workers = sorted({tpl.worker[v] for v in range(tpl.n)
                                 if tpl.local[v] and tpl.kind[v] == Kind.ADAM})
         self.rings = HostRings(staging_flat, plan.staging_chunks, staging_elems, grad_flat,
-                               grad_keys, plan.d2h_staging_chunks, grad_elems,
-                               local_workers if any(tpl.summed) else [], grad_elems)
+                               grad_chunks, grad_elems,
+                               local_workers if any(tpl.summed) and not plan.defer_update else [],
+                               grad_elems)
         # D2H widens a gradient chunk to FP32 on the GPU (one buffer per D2H stream: its stream
         # order keeps the next widening behind the previous copy) and, where the chunk is the
-        # aggregated gradient, adds its squares to gpu_sqnorm there: the host makes one pass
-        # over the gradient (Adam's), not three (widen, norm, Adam).
+        # aggregated gradient, squares it into sq_dev there, copied back into sq (module
+        # docstring, "Gradient norm"): the host makes one pass over the gradient (Adam's).
         self.d2h_fp32 = (torch.empty(grad_elems, device=self.device, dtype=torch.float32)
                          if self.cuda else None)
-        self.gpu_sqnorm = torch.zeros((), device=self.device, dtype=torch.float32)
-        self.norm_on_gpu = self.cuda and not any(tpl.summed)  # D2H chunks are the aggregate
+        self.sq_dev = (torch.empty(tpl.n_norm, device=self.device, dtype=torch.float32)
+                       if self.cuda else None)
+        self.local_sq = torch.tensor([tpl.norm_slot[v] for v in range(tpl.n)
+                                      if tpl.local[v] and tpl.norm_slot[v] >= 0], dtype=torch.long)
+        # where the clipping coefficient is computed: the first ADAM of each update worker
+        self.clip_at = set() if optimizer.grad_clip is None else {
+            int(ts[g.kind[ts] == Kind.ADAM][0]) for ts in g.agent_tasks
+            if (g.kind[ts] == Kind.ADAM).any()}
         self._done = (session.shared_tensor("done", tpl.n, torch.int64).numpy()
                       if session is not None else None)
         self.window = Window(layouts, plan.window_slots, plan.grad_buffers, self.device, dtype)
@@ -304,7 +330,6 @@ class Engine:
         st.targets = [t.reshape(-1) for t in targets[mine].to(self.device).split(mb)]
         st.rope = self.runner.rope(wl.seq_len)
         st.loss = torch.zeros((), dtype=torch.float32, device=self.device)
-        self.gpu_sqnorm.zero_()
         if self.cuda:
             torch.cuda.synchronize(self.device)  # boundary sync (see the module docstring)
             self.ev_ref.record()
@@ -331,7 +356,7 @@ class Engine:
             raise st.error
         if self.cuda:
             torch.cuda.synchronize(self.device)
-        loss, sqnorm = float(st.loss), sum(st.sqnorm) + float(self.gpu_sqnorm)
+        loss, sqnorm = float(st.loss), float(self.sq[self.local_sq].double().sum())
         if self.session is None or self.session.local_rank == 0:
             self.host_state.steps += 1  # this step's update of every unit is done (rank 0: its own)
         if self.session is not None:
@@ -586,29 +611,38 @@ class Engine:
         key = (int(self.tpl.g.rank[v]), self.tpl.worker[v])
         dst = self.rings.grad[key][int(self.tpl.g.buffer[v])][:hi - lo]
         src = self.window.grad(u)[lo:hi]
+        j = self.tpl.norm_slot[v]
         if not self.cuda:
             dst.copy_(src)
+            if j >= 0:
+                self.sq[j] = torch.dot(dst, dst)
             return
         wide = self.d2h_fp32[:hi - lo]
         wide.copy_(src)
-        if self.norm_on_gpu:
-            self.gpu_sqnorm.add_(torch.dot(wide, wide))
+        if j >= 0:
+            self.sq_dev[j].copy_(torch.dot(wide, wide))
+            self.sq[j:j + 1].copy_(self.sq_dev[j:j + 1], non_blocking=True)
         dst.copy_(wide, non_blocking=True)
 
     def _run_host_sum(self, st, v):
         _, lo, hi = self._range(v)
-        self.rings.host_sum(self.tpl.worker[v], self.tpl.grad_src[v], hi - lo)
+        acc = self.rings.host_sum(self.tpl.worker[v], self.tpl.grad_src[v], hi - lo,
+                                  in_place=self.plan.defer_update)
+        self.sq[self.tpl.norm_slot[v]] = torch.dot(acc, acc)
 
     def _run_adam(self, st, v):
         u, lo, hi = self._range(v)
         w, tpl = self.tpl.worker[v], self.tpl
-        if tpl.summed[v]:
+        if tpl.summed[v] and not self.plan.defer_update:
             g = self.rings.acc[w][:hi - lo]
         else:
             (key, slot), = tpl.grad_src[v]
             g = self.rings.grad[key][slot][:hi - lo]
-        if not self.norm_on_gpu:  # else the D2H added the chunk's squares on the GPU
-            st.sqnorm[w] += float(torch.dot(g, g))
+        if v in self.clip_at:  # every gradient chunk of the step is in: its producers precede v
+            st.clip[w] = min(1.0, self.opt.grad_clip / (math.sqrt(float(self.sq.double().sum()))
+                                                        + 1e-6))
+        if st.clip[w] < 1.0:
+            g.mul_(st.clip[w])
         hs = self.host_state
         p = hs.unit_master(u)[lo:hi]
         adamw_chunk(p, g, hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi], st.adam_step[u], self.opt,

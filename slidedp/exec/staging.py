@@ -5,12 +5,13 @@ FP32), local and page-locked for one rank, or in shared memory when several rank
 them (every process maps and pins them):
     staging[i]      i < plan.staging_chunks: a CAST writes the chunk in the compute dtype, the
                     H2Ds of every rank read it (the graph's CAST `buffer`)
-    grad[(r, w)][i] the ring of rank r's FP32 gradient chunks for update worker w, i <
-                    plan.d2h_staging_chunks: rank r's D2H writes it (widened to FP32 on the GPU,
-                    so Adam reads it as is), HOST_SUM or ADAM of worker w reads it (the graph's
-                    D2H / HOST_SUM / ADAM `buffer`); with one rank r = 0
+    grad[(r, w)][i] the ring of rank r's FP32 gradient chunks for update worker w, i < its size
+                    (graph.build.grad_ring_sizes): rank r's D2H writes it (widened to FP32 on the
+                    GPU, so Adam reads it as is), HOST_SUM or ADAM of worker w reads it (the
+                    graph's D2H / HOST_SUM / ADAM `buffer`); with one rank r = 0
     acc[w]          per update worker of this process, an FP32 chunk in which HOST_SUM adds the
-                    ranks' chunks (private memory)
+                    ranks' chunks (private memory); none with defer_update, where HOST_SUM adds
+                    them into rank 0's chunk, which the ring keeps until the deferred ADAM
 Sizes come from the graph (the largest chunk it schedules). Page-locking is an exact-size
 cudaHostRegister (see host_state.py); `PinnedPool.empty` serves the activation offload buffers.
 """
@@ -52,30 +53,32 @@ class HostRings:
         staging_chunks: int,
         staging_elems: int,
         grad_flat: torch.Tensor,
-        grad_keys: list[tuple[int, int]],
-        grad_chunks: int,
+        grad_chunks: dict[tuple[int, int], int],
         grad_elems: int,
         acc_workers: list[int],
         acc_elems: int,
     ):
+        """grad_chunks: the slots of each gradient ring, by ring key (rank, worker)."""
         if (staging_flat.numel() != staging_chunks * staging_elems
-                or grad_flat.numel() != self.grad_numel(len(grad_keys), grad_chunks, grad_elems)
+                or grad_flat.numel() != self.grad_numel(grad_chunks, grad_elems)
                 or grad_flat.dtype != torch.float32):
             raise ValueError("HostRings: a flat buffer has the wrong size or dtype")
         self.staging = list(staging_flat.split([staging_elems] * staging_chunks))
-        pieces = iter(grad_flat.split([grad_elems] * (len(grad_keys) * grad_chunks)))
-        self.grad = {key: [next(pieces) for _ in range(grad_chunks)] for key in grad_keys}
+        pieces = iter(grad_flat.split(grad_elems))
+        self.grad = {key: [next(pieces) for _ in range(n)] for key, n in grad_chunks.items()}
         self.acc = {w: torch.empty(acc_elems, dtype=torch.float32) for w in acc_workers}
 
     @staticmethod
-    def grad_numel(n_grad_rings: int, grad_chunks: int, grad_elems: int) -> int:
-        return n_grad_rings * grad_chunks * grad_elems
+    def grad_numel(grad_chunks: dict[tuple[int, int], int], grad_elems: int) -> int:
+        return sum(grad_chunks.values()) * grad_elems
 
-    def host_sum(self, worker: int, srcs: list[tuple[tuple[int, int], int]], n: int) -> torch.Tensor:
-        """acc[worker] = the sum in FP32 of the chunks (ring key, slot) in srcs, in their order."""
-        acc = self.acc[worker][:n]
+    def host_sum(self, worker: int, srcs: list[tuple[tuple[int, int], int]], n: int,
+                 in_place: bool = False) -> torch.Tensor:
+        """The sum in FP32 of the chunks (ring key, slot) in srcs, in their order, in acc[worker]
+        or, in_place, in the first chunk."""
         (key, slot), *rest = srcs
-        acc.copy_(self.grad[key][slot][:n])
+        first = self.grad[key][slot][:n]
+        acc = first if in_place else self.acc[worker][:n].copy_(first)
         for key, slot in rest:
             acc.add_(self.grad[key][slot][:n])
         return acc

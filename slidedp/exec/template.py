@@ -11,8 +11,13 @@ process of rank `rank`:
     publish[v]      a task of this process that another process waits on: its completion is
                     published in the shared counters
     grad_src[v]     HOST_SUM / ADAM: the gradient chunks it reads, as (ring key (rank, worker),
-                    ring slot), in rank order; ADAM after a HOST_SUM reads the sum instead
+                    ring slot), in rank order; for ADAM after a HOST_SUM, rank 0's chunk, where
+                    the sum is with defer_update (else it reads HOST_SUM's accumulator: summed[v])
     worker[v]       D2H, HOST_SUM, ADAM: the update worker whose ring / accumulator it uses
+    norm_slot[v]    a producer of an aggregated gradient chunk (a D2H read by ADAM directly, or
+                    a HOST_SUM): its index among them, in id order (where its squared norm goes)
+A D2H / HOST_SUM -> ADAM DATA edge is a chunk's own path when both cover the same (unit, first
+element); the others are defer_update's "every chunk is in" edges (graph/build.py).
 ORDER edges are the walk itself; a DATA or BUFFER edge between two local tasks of one agent is too.
 """
 
@@ -42,13 +47,14 @@ class Template:
         self.remote: list[list[int]] = [[] for _ in range(self.n)]
         self.publish = [False] * self.n
         self.grad_src: list[list[tuple[tuple[int, int], int]]] = [[] for _ in range(self.n)]
-        self.summed = [False] * self.n  # ADAM reading HOST_SUM's accumulator
+        self.summed = [False] * self.n  # ADAM after a HOST_SUM
         self.h2d_src = [-1] * self.n  # H2D: staging chunk its CAST wrote
         self.worker = [-1] * self.n
         worker_of_agent = {a: int(n.removeprefix("cpu.update")) for a, n in enumerate(g.agents)
                            if n.startswith("cpu.update")}
         for v in range(self.n):
             self.worker[v] = worker_of_agent.get(int(g.agent[v]), -1)
+        producer = [k == Kind.HOST_SUM for k in self.kind]
         edges = zip(g.edge_src.tolist(), g.edge_dst.tolist(), g.edge_kind.tolist(), strict=True)
         for s, d, k in edges:
             if k == EdgeKind.ORDER:
@@ -56,11 +62,14 @@ class Template:
             ks, kd = self.kind[s], self.kind[d]
             if ks == Kind.CAST and kd == Kind.H2D:
                 self.h2d_src[d] = int(g.buffer[s])
-            if ks == Kind.D2H and k == EdgeKind.DATA:
+            own = k == EdgeKind.DATA and g.unit[s] == g.unit[d] and g.elem_lo[s] == g.elem_lo[d]
+            if ks == Kind.D2H and own:
                 self.worker[s] = self.worker[d]
                 self.grad_src[d].append(((int(g.rank[s]), self.worker[d]), int(g.buffer[s])))
-            if ks == Kind.HOST_SUM and kd == Kind.ADAM:
+                producer[s] = kd == Kind.ADAM
+            if ks == Kind.HOST_SUM and kd == Kind.ADAM and own:
                 self.summed[d] = True
+                self.grad_src[d].append(((0, self.worker[d]), int(g.buffer[d])))
             if self.local[s] and not self.local[d]:
                 self.publish[s] = True
             if not self.local[d]:
@@ -72,6 +81,10 @@ class Template:
                 self.remote[d].append(s)
         for srcs in self.grad_src:
             srcs.sort()
+        self.norm_slot = [-1] * self.n
+        for j, v in enumerate(v for v in range(self.n) if producer[v]):
+            self.norm_slot[v] = j
+        self.n_norm = sum(producer)
 
     def on_gpu(self, v: int) -> bool:
         return self.is_gpu_agent[int(self.g.agent[v])]

@@ -186,11 +186,6 @@ class Trainer:
                           dtype=DTYPES[cfg.dtype], optimizer=cfg.optimizer, host_state=hs,
                           session=self.session)
         except SpecError as e:
-            if e.field == "grad_clip":
-                raise SpecError("command line", "--grad-clip", "unset: the executor cannot clip "
-                                "gradients yet (updates stream during backward, so the global "
-                                "norm is known only after the last update; see README, Train)"
-                                ) from None
             if e.where == "model config":  # name the model the user gave
                 raise SpecError(self.source.where, e.field, e.expected) from None
             raise

@@ -13,16 +13,30 @@ The schedule, per iteration and per rank r (units: 0 embedding, 1..L layers, L+1
   gradients   per unit, after every rank's BWD: REDUCE (gpu route: reduce to rank 0, or
               reduce-scatter when the update is sharded) -> D2H per chunk -> ADAM per chunk; on
               the cpu route every rank downloads every chunk and HOST_SUM adds them before ADAM.
+  deferred    with plan.defer_update the ADAMs of an iteration are issued after its last D2H /
+              HOST_SUM, in the order their chunks came (head, layers L..1, embedding), and the
+              first ADAM of each update worker has a DATA edge from every chunk producer of the
+              iteration (each D2H feeding an ADAM directly, each HOST_SUM, which follows its
+              D2Hs): every ADAM then runs after every D2H of its iteration, when the global
+              gradient norm is known. Edges rather than a barrier task: no new kind for the cost
+              model, the simulator and the executor to run, and the first ADAM is where the
+              executor computes the clipping coefficient anyway. The embedding, first needed by
+              the next forward, is updated last: the next step waits for the whole update, as the
+              executor's step boundary makes it (updating in forward order could overlap the
+              next forward only if the executor did not join the step; method.md section 11).
 Edges: DATA along those arrows; the version gate I3 from ADAM(t, u, k) to the first delivery of
 unit u in t+1 that touches the same parameters; ORDER along each agent's issue order; BUFFER from
 the last readers of a slot / staging chunk / gradient buffer to the next writer.
 
 Buffers: decoder layers share `window_slots` GPU slots per rank (layer l uses slot (l-1) mod W in
 forward; a re-delivery in backward reuses the slot freed by BWD(l+W)); the embedding and the head
-have resident slots of their own, reused across iterations. Host staging rings are FIFO.
+have resident slots of their own, reused across iterations. Host staging rings are FIFO; their
+sizes are grad_ring_sizes (with defer_update the rings the ADAMs read hold a whole iteration).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 
@@ -49,6 +63,40 @@ def chunk_ranges(lo: int, hi: int, chunk_elems: int) -> list[tuple[int, int]]:
 def shard_ranges(n: int, parts: int) -> list[tuple[int, int]]:
     """Split [0, n) into `parts` contiguous shards as equal as possible."""
     return [(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
+
+
+def grad_plans(wl: Workload, plan: Plan) -> list[list[tuple[int, int, int]]]:
+    """Per unit, its gradient chunks as (update worker, lo, hi): one ADAM each."""
+    R = wl.gpus
+    scatter = plan.update_sharding == UpdateSharding.SHARDED and R > 1
+    d2h_chunk = max(1, int(plan.d2h_chunk_mib * MIB) // GRAD_D2H_BYTES)
+    out = []
+    for n in wl.model.unit_params():
+        chunks = []
+        for p, (lo, hi) in enumerate(shard_ranges(n, R) if scatter else [(0, n)]):
+            for k, (a, z) in enumerate(chunk_ranges(lo, hi, d2h_chunk)):
+                chunks.append((p * plan.update_workers + k % plan.update_workers, a, z))
+        out.append(chunks)
+    return out
+
+
+def grad_ring_sizes(wl: Workload, plan: Plan) -> dict[tuple[int, int], int]:
+    """Slots of each (rank, update worker) host gradient ring, one FP32 chunk each.
+
+    plan.d2h_staging_chunks, except with defer_update for the rings the ADAMs read (the source
+    rank's; rank 0's on the cpu route, into which HOST_SUM then adds the other ranks' chunks):
+    those hold every chunk of their worker in an iteration, so no D2H waits for an ADAM.
+    """
+    R = wl.gpus
+    scatter = plan.update_sharding == UpdateSharding.SHARDED and R > 1
+    summed = plan.grad_route == GradRoute.CPU and R > 1
+    per_worker = Counter(w for chunks in grad_plans(wl, plan) for w, _, _ in chunks)
+    sizes = {}
+    for w in range(plan.update_workers * (R if scatter else 1)):
+        for r in range(R) if summed else [w // plan.update_workers if scatter else 0]:
+            held = plan.defer_update and (r == 0 or not summed)
+            sizes[(r, w)] = per_worker[w] if held else plan.d2h_staging_chunks
+    return sizes
 
 
 class _Builder:
@@ -135,7 +183,6 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
     n_workers = plan.update_workers * (R if scatter else 1)
     worker_threads = update_threads / n_workers
     h2d_chunk = max(1, int(plan.h2d_chunk_mib * MIB) // PARAM_BYTES)
-    d2h_chunk = max(1, int(plan.d2h_chunk_mib * MIB) // GRAD_D2H_BYTES)
     W = plan.window_slots
     lf = m.layer_flops_per_token(wl.seq_len)
     hf = m.head_flops_per_token()
@@ -159,21 +206,14 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             return [chunk_ranges(lo, hi, h2d_chunk) for lo, hi in shard_ranges(n, R)]
         return [chunk_ranges(0, n, h2d_chunk)] * R
 
-    # Gradient chunking per unit: list of (worker, lo, hi), one ADAM per entry.
-    def grad_plan(u: int) -> list[tuple[int, int, int]]:
-        n = units[u]
-        parts = shard_ranges(n, R) if scatter else [(0, n)]
-        out = []
-        for p, (lo, hi) in enumerate(parts):
-            for k, (a, z) in enumerate(chunk_ranges(lo, hi, d2h_chunk)):
-                out.append((p * plan.update_workers + k % plan.update_workers, a, z))
-        return out
-
     up_plans = [upload_plan(u) for u in range(len(units))]
-    gr_plans = [grad_plan(u) for u in range(len(units))]
+    gr_plans = grad_plans(wl, plan)
 
     staging = _Ring(plan.staging_chunks)
-    d2h_rings = {(r, w): _Ring(plan.d2h_staging_chunks) for r in range(R) for w in range(n_workers)}
+    ring_sizes = grad_ring_sizes(wl, plan)
+    d2h_rings = {key: _Ring(size) for key, size in ring_sizes.items()}
+    # with defer_update, per unit the downloaded chunks waiting for their ADAM (see adam())
+    pending: dict[int, list[tuple]] = {}
     # last readers of each GPU buffer: ("slot", r, s) / ("embed", r) / ("head", r) / ("grad", r, g)
     readers: dict[tuple, list[int]] = {}
     prev_adam: dict[int, list[tuple[int, int, int]]] = {}  # unit -> [(task, lo, hi)] of last iteration
@@ -230,8 +270,36 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             if alo < hi and lo < ahi:
                 b.edge(a, v, EdgeKind.DATA, gate=True)
 
+    def adam(t: int, u: int, k: int, w: int, lo: int, hi: int, src: int, ring: _Ring, i: int):
+        """ADAM of chunk k of unit u after `src`, its D2H or HOST_SUM, wrote it into slot i of
+        `ring` (the sum stays in HOST_SUM's private accumulator unless the update is deferred)."""
+        a = b.task(Kind.ADAM, t, u, -1, k, update[w], hi - lo, lo, hi, threads=worker_threads,
+                   buffer=i)
+        b.edge(src, a, EdgeKind.DATA)
+        if plan.defer_update or b.cols["kind"][src] == Kind.D2H:
+            ring.readers[i].append(a)
+        return a
+
+    def deferred_updates(t: int) -> dict[int, list[tuple[int, int, int]]]:
+        """Every ADAM of iteration t, after every chunk producer of t (module docstring)."""
+        producers = [c[5] for chunks in pending.values() for c in chunks]
+        workers: set[int] = set()
+        out = {}
+        for u, chunks in pending.items():
+            out[u] = []
+            for c in chunks:
+                _, _, w, lo, hi, src, _, _ = c
+                a = adam(t, *c)
+                if w not in workers:  # its first ADAM: the later ones follow it (ORDER)
+                    workers.add(w)
+                    b.edges([p for p in producers if p != src], a, EdgeKind.DATA)
+                out[u].append((a, lo, hi))
+        pending.clear()
+        return out
+
     def reduce_and_update(t: int, u: int, bwd: list[int], gbuf: tuple | None):
-        """Gradient path of unit u once every rank's backward of it is done."""
+        """Gradient path of unit u once every rank's backward of it is done: its ADAMs, or none
+        with defer_update (the chunks wait in `pending`)."""
         adams = []
         gp = gr_plans[u]
         nbytes = units[u] * GRAD_BYTES
@@ -258,20 +326,19 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                 grad_readers[r].append(v)
                 downs.append((r, v, i))
             # the staging chunks are read by HOST_SUM (cpu route) or directly by ADAM
-            i = downs[0][2]
-            consumer = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
-                              (hi - lo) * (GRAD_D2H_BYTES * len(downs) + 4), lo, hi,
-                              threads=worker_threads, buffer=i) if len(downs) > 1 else -1
-            a = b.task(Kind.ADAM, t, u, -1, k, update[w], hi - lo, lo, hi, threads=worker_threads,
-                       buffer=i)
-            if consumer < 0:
-                consumer = a
+            r0, src, i = downs[0]
+            if len(downs) > 1:
+                src = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
+                             (hi - lo) * (GRAD_D2H_BYTES * len(downs) + 4), lo, hi,
+                             threads=worker_threads, buffer=i)
+                for r, v, j in downs:
+                    b.edge(v, src, EdgeKind.DATA)
+                    d2h_rings[(r, w)].readers[j].append(src)
+            chunk = (u, k, w, lo, hi, src, d2h_rings[(r0, w)], i)
+            if plan.defer_update:
+                pending.setdefault(u, []).append(chunk)
             else:
-                b.edge(consumer, a, EdgeKind.DATA)
-            for r, v, i in downs:
-                b.edge(v, consumer, EdgeKind.DATA)
-                d2h_rings[(r, w)].readers[i].append(consumer)
-            adams.append((a, lo, hi))
+                adams.append((adam(t, *chunk), lo, hi))
         if gbuf is not None:
             for r in range(R):
                 readers[gbuf + (r,)] = grad_readers[r]
@@ -359,7 +426,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             emb_bwd.append(v)
             readers[("embed", r)] = [v]
         new_adam[0] = reduce_and_update(t, 0, emb_bwd, None)
-        prev_adam = new_adam
+        prev_adam = deferred_updates(t) if plan.defer_update else new_adam
 
     c = b.cols
     g = TaskGraph(
@@ -374,7 +441,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         agents=b.agents, agent_tasks=[np.asarray(x, np.int64) for x in b.agent_tasks],
         n_iterations=iterations, n_ranks=R, unit_params=list(units),
         meta={"cast_threads": cast_threads, "update_threads": update_threads,
-              "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter},
+              "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter,
+              "grad_ring_chunks": ring_sizes},
     )
     return g
 

@@ -11,15 +11,18 @@ GPU, per rank (bytes):
   loss          LOSS_CHUNK_TOKENS x vocab x 4 x 2 (FP32 logits of one chunk and their gradient)
   runtime       CUDA context and allocator slack (estimate)
 Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
-with host_bf16_copy, pinned staging rings, offloaded activations of every rank, and a runtime
-allowance per rank process (estimate).
+with host_bf16_copy, pinned staging rings (the upload ring and the gradient rings of
+graph.build.grad_ring_sizes: with defer_update those hold a whole iteration's FP32 gradient,
+~4 x parameters), offloaded activations of every rank, and a runtime allowance per rank process
+(estimate).
 """
 
 from __future__ import annotations
 
+from slidedp.graph.build import grad_ring_sizes
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
-from slidedp.spec.plan import GradRoute, Plan, UpdateSharding
+from slidedp.spec.plan import Plan
 from slidedp.spec.workload import Workload
 
 GIB = 2**30
@@ -54,15 +57,13 @@ def host_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
     m = wl.model
     R = wl.gpus
     n = m.total_params()
-    workers = plan.update_workers * (R if plan.update_sharding == UpdateSharding.SHARDED else 1)
-    d2h_rings = workers * (R if plan.grad_route == GradRoute.CPU else 1)
     kept = sum(wl.tokens_per_gpu_step * m.activation_bytes_per_token(plan.policy_of(layer))
                for layer in range(1, m.n_layers + 1))
     return {
         "state": STATE_BYTES_PER_PARAM * n,
         "bf16_copy": 2 * n if plan.host_bf16_copy else 0.0,
         "staging": plan.staging_chunks * plan.h2d_chunk_mib * MIB
-        + d2h_rings * plan.d2h_staging_chunks * plan.d2h_chunk_mib * MIB,
+        + sum(grad_ring_sizes(wl, plan).values()) * plan.d2h_chunk_mib * MIB,
         "act_offload": R * plan.offload_ratio * kept,
         "runtime": R * HOST_RUNTIME_BYTES_PER_RANK,
     }

@@ -13,6 +13,12 @@ have their own resident slots), `staging_chunks` pinned host chunks for cast+H2D
 worker for gradients. Activations: `activation_policy` for every decoder layer, or
 `layer_policies` with one entry per layer; `offload_ratio` r of what a layer keeps goes to pinned
 host memory and is reloaded `reload_ahead_layers` layers ahead of its backward.
+`defer_update` holds every ADAM of an iteration until all of its gradient chunks are on the host,
+which exact global-norm clipping needs (the norm covers every chunk before any update). It costs
+~4 B/param of host memory (the gradient rings the update reads hold a whole iteration's FP32
+chunks) and the update no longer overlaps backward: the whole CPU update is exposed after it.
+The executor sets it whenever the optimizer clips (AdamWConfig.grad_clip, exec/engine.py); set it
+yourself to predict or simulate that cost (`--defer-update`), or before a footprint check.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class Plan:
     cast_threads: int = 0  # 0: a quarter of the host's cores
     update_threads: int = 0  # 0: the cores left after the cast
     host_bf16_copy: bool = False  # keep a BF16 copy on the host, written by the update (+2 B/param)
+    defer_update: bool = False  # every ADAM after every gradient chunk (clipping; +4 B/param host)
 
     def __post_init__(self):
         checks = {
