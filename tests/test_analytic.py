@@ -176,3 +176,13 @@ def test_analytic_model_imports_no_torch_simpy_ortools():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_step_join_costs_what_pipelining_across_steps_would_save():
+    """With the executor's join the step is never shorter than under the version gates alone."""
+    wl = Workload(load_model("qwen3-4b"), 4096, 4, 4, 1)
+    hw = load_hardware("h200x1")
+    joined = predict(hw, wl, Plan(step_join=True))
+    gated = predict(hw, wl, Plan(step_join=False))
+    assert joined.step_time_s >= gated.step_time_s
+    assert joined.step_time_s > gated.step_time_s * 1.02  # host-heavy: the join is exposed

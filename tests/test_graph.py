@@ -1,5 +1,6 @@
 """Task-graph structure: acyclic, one Adam per chunk, version gates, buffers, deferred update, scale."""
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import replace
@@ -165,3 +166,20 @@ def test_per_layer_policies():
     assert off[2] == 0.5 * tok * m.hidden * 2
     with pytest.raises(SpecError, match="layer_policies"):
         build_graph(wl, Plan(layer_policies=("none",)), cores=4)
+
+
+@given(small_workloads(), small_plans())
+def test_step_join_orders_every_task_of_the_next_step(wl, plan):
+    g = build_graph(wl, plan, cores=4, iterations=2)
+    join = g.edge_kind == EdgeKind.JOIN
+    assert np.all(g.iteration[g.edge_src[join]] == 0) and np.all(g.iteration[g.edge_dst[join]] == 1)
+    last0 = max(np.flatnonzero(g.iteration == 0))
+    # every agent's first task of step 1 waits (through JOIN) on every agent's last task of step 0
+    busy = [tasks for tasks in g.agent_tasks if len(tasks)]  # no cast agent with a host BF16 copy
+    for tasks in busy:
+        first1 = min(v for v in tasks if g.iteration[v] == 1)
+        preds = set(g.edge_src[join & (g.edge_dst == first1)].tolist())
+        assert preds == {max(v for v in other if g.iteration[v] == 0) for other in busy}
+        assert max(preds) <= last0
+    free = build_graph(wl, dataclasses.replace(plan, step_join=False), cores=4, iterations=2)
+    assert not np.any(free.edge_kind == EdgeKind.JOIN)

@@ -44,6 +44,9 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--defer-update", action="store_true", default=None,
                    help="run every update after the whole backward, as exact gradient clipping "
                    "needs (+4 B/param host memory; train defers whenever it clips)")
+    g.add_argument("--no-step-join", action="store_true",
+                   help="let step t+1 start under the version gates alone, without the executor's "
+                   "join of every agent at the step boundary (a what-if: the executor joins)")
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "h2d_chunk_mib": args.chunk_mib, "d2h_chunk_mib": args.chunk_mib,
             "window_slots": args.window_slots, "offload_ratio": args.offload_ratio,
             "update_workers": args.update_workers, "host_bf16_copy": args.host_bf16_copy,
-            "defer_update": getattr(args, "defer_update", None)}  # train's options lack it
+            "defer_update": getattr(args, "defer_update", None),  # train's options lack it
+            "step_join": False if getattr(args, "no_step_join", False) else None}
     try:
         plan = plan.with_overrides(**over)
     except SpecError as e:

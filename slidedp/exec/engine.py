@@ -194,6 +194,9 @@ class Engine:
                             "(DistSession.host_state)")
         if plan.activation_policy != ActivationPolicy.LAYER:
             raise SpecError("plan", "activation_policy", "'layer' (the only policy the executor runs)")
+        if not plan.step_join:
+            raise SpecError("plan", "step_join", "true: the executor joins every agent at the step "
+                            "boundary (see 'Step boundary' above)")
         if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
             plan = replace(plan, defer_update=True)
         self.session, self.probe, self.R = session, probe, R

@@ -26,7 +26,8 @@ The schedule, per iteration and per rank r (units: 0 embedding, 1..L layers, L+1
               next forward only if the executor did not join the step; method.md section 11).
 Edges: DATA along those arrows; the version gate I3 from ADAM(t, u, k) to the first delivery of
 unit u in t+1 that touches the same parameters; ORDER along each agent's issue order; BUFFER from
-the last readers of a slot / staging chunk / gradient buffer to the next writer.
+the last readers of a slot / staging chunk / gradient buffer to the next writer; with
+plan.step_join, JOIN from every agent's last task of step t to every agent's first of t+1.
 
 Buffers: decoder layers share `window_slots` GPU slots per rank (layer l uses slot (l-1) mod W in
 forward; a re-delivery in backward reuses the slot freed by BWD(l+W)); the embedding and the head
@@ -428,6 +429,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         new_adam[0] = reduce_and_update(t, 0, emb_bwd, None)
         prev_adam = deferred_updates(t) if plan.defer_update else new_adam
 
+    if plan.step_join:
+        _join_steps(b, iterations)
     c = b.cols
     g = TaskGraph(
         kind=np.asarray(c["kind"], np.int8), iteration=np.asarray(c["iteration"], np.int32),
@@ -446,3 +449,14 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
     )
     return g
 
+
+def _join_steps(b: _Builder, iterations: int) -> None:
+    """JOIN edges from each agent's last task of step t to each agent's first task of step t+1."""
+    its = b.cols["iteration"]
+    for t in range(1, iterations):
+        last = [max((v for v in tasks if its[v] == t - 1), default=-1) for tasks in b.agent_tasks]
+        first = [min((v for v in tasks if its[v] == t), default=-1) for tasks in b.agent_tasks]
+        for f in first:
+            for lt in last:
+                if f >= 0 and lt >= 0:
+                    b.edge(lt, f, EdgeKind.JOIN)

@@ -7,7 +7,8 @@ a CPU worker) and its work in natural units:
 Units are the streamed pieces of the model: 0 = embedding, 1..L = decoder layers, L+1 = final
 norm + LM head. Fields that do not apply are -1. Edges are typed: DATA (reads what the
 predecessor wrote; the version gate I3 is a DATA edge flagged `gate`), ORDER (program order on
-one agent) and BUFFER (a slot or staging buffer is reused).
+one agent), BUFFER (a slot or staging buffer is reused) and JOIN (plan.step_join: the executor's
+join of every agent between steps).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class EdgeKind(IntEnum):
     DATA = 0
     ORDER = 1
     BUFFER = 2
+    JOIN = 3  # the step boundary: the last task of every agent in t before the first ones of t+1
 
 
 # agent name prefixes: gpu{r}.compute, gpu{r}.h2d, gpu{r}.d2h, fabric, cpu.cast{w}, cpu.update{w}

@@ -38,7 +38,7 @@ from slidedp.graph.tasks import EdgeKind, TaskGraph
 from slidedp.sim.resources import REL_EPS, Flow, allocate_cores, fill_speeds, task_flows_spec
 from slidedp.spec.hardware import HardwareSpec
 
-GATE = 3  # pred_why code of a version-gate (I3) DATA edge
+GATE = max(EdgeKind) + 1  # pred_why code of a version-gate (I3) DATA edge
 TIME_EPS = 1e-12  # relative: flows this close to done, in seconds at their speed, finish together
 
 

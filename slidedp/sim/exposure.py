@@ -21,7 +21,7 @@ from slidedp.graph.timeline import Exposure
 from slidedp.sim.engine import GATE, RawRun
 
 WHY = {int(EdgeKind.DATA): "data", int(EdgeKind.ORDER): "order", int(EdgeKind.BUFFER): "buffer",
-       GATE: "version gate"}
+       int(EdgeKind.JOIN): "step join", GATE: "version gate"}
 
 
 class Chains:

@@ -19,6 +19,10 @@ which exact global-norm clipping needs (the norm covers every chunk before any u
 chunks) and the update no longer overlaps backward: the whole CPU update is exposed after it.
 The executor sets it whenever the optimizer clips (AdamWConfig.grad_clip, exec/engine.py); set it
 yourself to predict or simulate that cost (`--defer-update`), or before a footprint check.
+`step_join` (default true) ends every iteration with a join of every agent, as the executor does
+(exec/engine.py, "Step boundary"): nothing of step t+1 starts before all of step t is done. False
+leaves only the per-unit version gates (I3) between iterations: what an executor pipelining
+across steps would achieve (`--no-step-join` predicts it; the executor refuses it).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class Plan:
     update_threads: int = 0  # 0: the cores left after the cast
     host_bf16_copy: bool = False  # keep a BF16 copy on the host, written by the update (+2 B/param)
     defer_update: bool = False  # every ADAM after every gradient chunk (clipping; +4 B/param host)
+    step_join: bool = True  # every task of step t+1 after every task of step t (the executor's)
 
     def __post_init__(self):
         checks = {
