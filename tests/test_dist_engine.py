@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference import plain_adamw
 
 from slidedp.exec.adamw import AdamWConfig
 from slidedp.exec.dist.launch import launch
@@ -178,31 +179,8 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
 
 
 def _plain_torch(cfg, data, opt_cfg=OPT):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from slidedp.exec.layout import model_layout
-
-    torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
-    layouts = model_layout(model)
-
-    def flat():
-        sd = model.state_dict()
-        return [torch.cat([sd[e.name].reshape(-1) for e in lay.entries]) for lay in layouts]
-
-    init = flat()
-    opt = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
-                            eps=opt_cfg.eps, weight_decay=opt_cfg.weight_decay)
-    losses = []
-    for ids, labels in data:
-        loss = model(ids, labels=labels).loss
-        loss.backward()
-        if opt_cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, init, flat()
+    losses, _, init, final = plain_adamw(cfg, data, opt_cfg, SEED)
+    return losses, init, final
 
 
 def _one_process(cfg, ranks, data):

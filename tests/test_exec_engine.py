@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from reference import plain_adamw
+from transformers import AutoConfig
 
 from slidedp.exec.adamw import AdamWConfig
 from slidedp.exec.engine import Engine
-from slidedp.exec.layout import model_layout
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import parse_hf_config
 from slidedp.spec.plan import ActivationPolicy, Plan
@@ -57,29 +57,7 @@ def _batches(cfg, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _reference(cfg, batches, opt_cfg=OPT):
-    config = AutoConfig.for_model(**cfg)
-    torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(config)
-    layouts = model_layout(model)
-
-    def flat():
-        sd = model.state_dict()
-        return [torch.cat([sd[e.name].reshape(-1) for e in lay.entries]) for lay in layouts]
-
-    init = flat()
-    opt = torch.optim.AdamW(model.parameters(), lr=opt_cfg.lr, betas=opt_cfg.betas,
-                            eps=opt_cfg.eps, weight_decay=opt_cfg.weight_decay)
-    losses, norms = [], []
-    for ids, labels in batches:
-        loss = model(ids, labels=labels).loss
-        loss.backward()
-        norms.append(float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters()))))
-        if opt_cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, norms, init, flat()
+    return plain_adamw(cfg, batches, opt_cfg, SEED)
 
 
 def _train(cfg, plan: Plan, batches, mode="overlap", micro_batch=2, device="cpu",
