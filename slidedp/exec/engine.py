@@ -228,6 +228,7 @@ class Engine:
         if session is not None:
             torch.set_num_threads(session.num_threads
                                   or process_threads(plan, cores, R, self.rank, scatter))
+        self._process_threads = torch.get_num_threads()
 
         # ---- reserve: buffers, streams, events, workers (nothing of this is allocated later)
         self.pool = PinnedPool(pin=self.cuda)
@@ -388,6 +389,8 @@ class Engine:
     def _agent_loop(self, a: int, q: queue.Queue) -> None:
         if self.cuda:
             torch.cuda.set_device(self.device)
+        if self.cuda and (n := self._cpu_threads(a)) > 0:
+            torch.set_num_threads(n)  # this worker's own OpenMP team (a per-thread setting)
         while (st := q.get()) is not None:
             try:
                 for v in self.tpl.local_tasks[a]:
@@ -400,6 +403,19 @@ class Engine:
                 with st.done:
                     st.remaining -= 1
                     st.done.notify_all()
+
+    def _cpu_threads(self, a: int) -> int:
+        """Threads of CPU agent `a` (0 for a GPU agent): the graph's share for its tasks (cast
+        threads, or update threads / workers), within this process's budget, so that the cast and
+        the update workers split the cores as the model assumes instead of oversubscribing them.
+        Applied on GPUs only: on the CPU the compute agents need the cores too, and the CPU tests
+        compare the overlapped and the synchronous modes bit for bit, which fixed per-thread
+        OpenMP teams of different sizes could break in reductions."""
+        tasks = self.tpl.local_tasks[a]
+        if self.tpl.is_gpu_agent[a] or not len(tasks):
+            return 0
+        want = max(float(self.tpl.g.threads[v]) for v in tasks)
+        return max(1, min(round(want), self._process_threads)) if want > 0 else 0
 
     def _notifier_loop(self, _a: int, q: queue.Queue) -> None:
         """Publishes GPU tasks that another process waits on, once their end event completed."""
