@@ -7,10 +7,11 @@ Run under torchrun (R > 1) or plainly (R = 1, no process group):
       benchmarks/multi_gpu.py OUT.jsonl MODEL CASE [CASE ...]
 CASE = GLOBAL_BATCH:MICRO_BATCH:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING, e.g. 8:4:sharded:gpu:rank0,
 or ref:MICRO_BATCH for the compute-only reference (one process, before the host state exists).
-The host state (random weights, benchmarks/single_gpu.fill_random) is built once and trained
+The host state (random weights, slidedp.validate.runner.fill_random) is built once and trained
 through every case in turn; each case runs `--iters` steps, the mean of the steps after
 `--discard` is its step time. Rank 0 appends one JSON line per case to OUT (host PSS summed
-over the ranks: shared memory counts once in the sum).
+over the ranks: shared memory counts once in the sum; channel_s over every rank's tasks).
+The measurement itself is slidedp.validate.runner's (shared with `slidedp validate`).
 """
 
 from __future__ import annotations
@@ -25,15 +26,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from compute_reference import reference_step_s  # noqa: E402
-from single_gpu import GIB, fill_random, host_pss_bytes, step_flops  # noqa: E402
+from single_gpu import GIB, step_flops  # noqa: E402
 
-from slidedp.exec.adamw import AdamWConfig  # noqa: E402
-from slidedp.exec.engine import Engine  # noqa: E402
-from slidedp.exec.host_state import HostState  # noqa: E402
-from slidedp.exec.io import RandomInit, hf_config, meta_layout  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
+from slidedp.validate.runner import measure, random_host_state  # noqa: E402
 
 
 def main() -> int:
@@ -76,48 +74,22 @@ def main() -> int:
             emit({"case": case, "reference_step_s": ref["step_s"],
                   "gpu_peak_gib": ref["gpu_peak_bytes"] / GIB})
 
-    model, layout = meta_layout(hf_config(cfg))
-    numels = [u.numel for u in layout]
-    init = RandomInit(model, layout, seed=0)
-    if sess:
-        hs = sess.host_state(numels, None, init=lambda s: fill_random(init, layout, s))
-    else:
-        hs = HostState.create(numels, None)
-        fill_random(init, layout, hs)
-    opt = AdamWConfig(lr=1e-5, betas=(0.9, 0.95), weight_decay=0.0)
+    hs = random_host_state(cfg, None, sess)
     for case in [c for c in a.cases if not c.startswith("ref:")]:
         gb, mb, pr, gr, us = case.split(":")
         wl = Workload(spec, a.seq, int(gb), int(mb), R)
         plan = Plan(param_route=ParamRoute(pr), grad_route=GradRoute(gr),
                     update_sharding=UpdateSharding(us))
-        eng = Engine(cfg, wl, plan, device=a.device, dtype=torch.bfloat16 if cuda else torch.float32,
-                     optimizer=opt,
-                     host_state=hs, **({"session": sess} if sess else {}))
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        data = torch.randint(0, spec.vocab_size, (wl.global_batch, a.seq),
-                             generator=torch.Generator().manual_seed(0))
-        times, last = [], None
-        for _ in range(a.iters):
-            last = eng.step(data)
-            times.append(last.step_time_s)
-        steady = times[a.discard:]
-        step = sum(steady) / len(steady)
-        pss = float(host_pss_bytes())
-        if sess:
-            pss = sess.all_reduce_sum([pss])[0]
+        m = measure(cfg, wl, plan, hs, device=a.device, iters=a.iters, discard=a.discard,
+                    session=sess)
+        gpu_peak = None if m.gpu_peak_bytes is None else m.gpu_peak_bytes / GIB
         emit({"case": case, "global_batch": wl.global_batch, "micro_batch": wl.micro_batch,
               "accum": wl.accum_steps, "param_route": pr, "grad_route": gr, "update_sharding": us,
-              "step_s": step, "all_steps_s": [round(x, 4) for x in times],
-              "tokens_per_s": wl.tokens_per_step / step,
-              "tflops_per_gpu": step_flops(spec, wl) / step / R / 1e12,
-              "gpu_peak_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None,
-              "host_pss_gib_all_ranks": pss / GIB, "channel_s": last.channel_s,
-              "loss_last": last.loss})
-        eng.close()
-        del eng
-        if cuda:
-            torch.cuda.empty_cache()
+              "step_s": m.step_time_s, "all_steps_s": [round(x, 4) for x in m.all_steps_s],
+              "tokens_per_s": wl.tokens_per_step / m.step_time_s,
+              "tflops_per_gpu": step_flops(spec, wl) / m.step_time_s / R / 1e12,
+              "gpu_peak_gib": gpu_peak, "host_pss_gib_all_ranks": (m.host_pss_bytes or 0) / GIB,
+              "channel_s": m.channel_s, "loss_last": m.loss_last})
     if sess:
         sess.__exit__(None, None, None)
     else:

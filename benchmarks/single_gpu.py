@@ -32,43 +32,13 @@ from slidedp.exec.adamw import AdamWConfig  # noqa: E402
 from slidedp.exec.engine import Engine  # noqa: E402
 from slidedp.exec.host_state import HostState  # noqa: E402
 from slidedp.exec.io import RandomInit, hf_config, meta_layout  # noqa: E402
+from slidedp.exec.metrics import host_pss_bytes  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import Plan  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
+from slidedp.validate.runner import fill_random  # noqa: E402
 
 GIB = 2**30
-
-
-def host_pss_bytes() -> int:
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    return -1
-
-
-def fill_random(init: RandomInit, layout, state: HostState, block_elems: int = 2**26) -> None:
-    """Random weights in seconds instead of minutes: every 'normal' tensor is filled from one
-    pre-drawn N(0, std) block (wrapping around), norms with ones, as RandomInit's rules say.
-    The values are not HF's exact init; for timing, they need only be real, non-zero numbers."""
-    g = torch.Generator().manual_seed(0)
-    block = torch.empty(block_elems).normal_(0.0, init.std, generator=g)
-    pos = 0
-    for u, ul in enumerate(layout):
-        flat = state.unit_master(u)
-        for e in ul.entries:
-            view = flat[e.offset:e.offset + e.numel]
-            if init.rules[e.name] != "normal":
-                view.fill_(1.0 if init.rules[e.name] == "ones" else 0.0)
-                continue
-            done = 0
-            while done < e.numel:
-                n = min(e.numel - done, block_elems - pos)
-                view[done:done + n].copy_(block[pos:pos + n])
-                done += n
-                pos = (pos + n) % block_elems
-        if state.copy is not None:
-            state.unit_copy(u).copy_(flat)
 
 
 def step_flops(spec, wl) -> float:

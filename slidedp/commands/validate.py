@@ -1,0 +1,123 @@
+"""`slidedp validate`: measure configurations with the executor and put them beside the analytic
+and simulated predictions (slidedp/validate/).
+
+    slidedp validate --hardware PROFILE.toml --cases CASES.toml [--out validation] [--device cuda]
+                     [--iters 6 --discard 3] [--machine NAME]
+    slidedp validate --predict-only [--hardware NEW.toml] [--select 'h200x2-*'] [--out validation]
+    slidedp validate --import-results validation/imports.toml [--out validation]
+
+Each run ends by rewriting SUMMARY.md and summary.csv over every stored case under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from slidedp.spec.errors import SpecError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="measured against predicted step times, stored as data",
+                       description="Run the executor on the configurations of a cases file and "
+                       "store, per case, the measured figures beside the analytic and simulated "
+                       "predictions for a hardware file; or re-predict / import stored cases.")
+    p.add_argument("--hardware", help="hardware preset or TOML (from `slidedp profile`); with "
+                   "--predict-only, replaces each case's stored hardware")
+    p.add_argument("--cases", help="cases TOML ([[case]] tables; see slidedp/validate/cases.py)")
+    p.add_argument("--out", default="validation", help="validation root (default %(default)s)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="where the executor runs (cpu: a plumbing check; default %(default)s)")
+    p.add_argument("--iters", type=int, default=6, help="steps per case (default %(default)s)")
+    p.add_argument("--discard", type=int, default=3,
+                   help="first steps left out of the mean (default %(default)s)")
+    p.add_argument("--machine", default="", help="the machine's name in measured.json "
+                   "(e.g. the lent kind, nvidia-h200-x2; default the hostname)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--predict-only", action="store_true",
+                      help="recompute the predictions of stored cases; run nothing")
+    mode.add_argument("--import-results", metavar="PROVENANCE.toml",
+                      help="turn earlier benchmark results into stored cases (slidedp/validate/importer.py)")
+    p.add_argument("--select", default="*", help="--predict-only: case folders matching this glob")
+    p.set_defaults(func=run)
+
+
+def command_line(a: argparse.Namespace) -> str:
+    line = (f"slidedp validate --hardware {a.hardware} --cases {a.cases} --out {a.out} --device "
+            f"{a.device} --iters {a.iters} --discard {a.discard}")
+    return line + (f" --machine {a.machine}" if a.machine else "")
+
+
+def print_summary(root: Path, rows: list[dict]) -> None:
+    from slidedp.validate.summary import error_stats
+
+    for model in ("analytic", "simulated"):
+        s = error_stats(rows, model)
+        if s["n"]:
+            print(f"{model}: {s['n']} cases, MAPE {100 * s['mape']:.1f}%, max {100 * s['max']:.1f}% "
+                  f"({s['max_case']})")
+    print(f"summary: {root / 'SUMMARY.md'}, {root / 'summary.csv'}")
+
+
+def predict_only(a: argparse.Namespace, root: Path) -> None:
+    from slidedp.validate.predict import stored_hardware, write_predictions
+    from slidedp.validate.store import stored_cases
+
+    folders = stored_cases(root, a.select)
+    if not folders:
+        raise SpecError("--select", a.select, f"a glob matching stored cases under {root}")
+    for folder in folders:
+        hw, notes = (a.hardware, []) if a.hardware else stored_hardware(folder)
+        pred = write_predictions(folder, hw, notes)
+        print(f"{folder.name}: analytic {pred['analytic']['step_time_s']:.3f} s, simulated "
+              f"{pred['simulated']['step_time_s']:.3f} s ({pred['hardware']['name']})")
+
+
+def measure(a: argparse.Namespace, root: Path) -> list[str]:
+    """Check, measure, predict; the names of the cases whose measurement failed."""
+    from slidedp.model.memory import check_fits
+    from slidedp.spec.hardware import load_hardware
+    from slidedp.validate.cases import load_cases
+    from slidedp.validate.measure import check_devices, measure_cases
+    from slidedp.validate.predict import write_predictions
+
+    for opt in ("hardware", "cases"):
+        if not getattr(a, opt):
+            raise SpecError("command line", f"--{opt}", "required to measure (or --predict-only, "
+                            "--import-results)")
+    if a.iters < 1 or not 0 <= a.discard < a.iters:
+        raise SpecError("command line", "--discard", f"0 <= discard < iters, got {a.discard} of {a.iters}")
+    hw, cases = load_hardware(a.hardware), load_cases(a.cases)
+    check_devices(cases, a.device, a.cases)
+    for i, c in enumerate(cases):  # a case the hardware cannot hold fails here, before any run
+        try:
+            check_fits(hw, c.workload(), c.plan)
+        except SpecError as e:
+            raise SpecError(a.cases, f"case[{i}].{e.field}", e.expected) from None
+    cmd = command_line(a)
+    print(cmd, flush=True)
+    failed = measure_cases(cases, root, device=a.device, iters=a.iters, discard=a.discard,
+                           machine=a.machine, command=cmd)
+    for c in cases:
+        if c.name not in failed:
+            write_predictions(root / c.name, a.hardware, [])
+    return failed
+
+
+def run(a: argparse.Namespace) -> int:
+    from slidedp.validate.importer import import_results
+    from slidedp.validate.summary import write_summary
+
+    root = Path(a.out)
+    failed: list[str] = []
+    if a.import_results:
+        for folder in import_results(a.import_results, root):
+            print(f"imported {folder}")
+    elif a.predict_only:
+        predict_only(a, root)
+    else:
+        failed = measure(a, root)
+    print_summary(root, write_summary(root))
+    if failed:
+        print(f"slidedp validate: measuring failed for: {', '.join(failed)}")
+    return 1 if failed else 0

@@ -1,0 +1,123 @@
+"""Benchmark results measured before `slidedp validate` existed, turned into stored cases.
+
+A provenance file (TOML; paths relative to it) says where each results file came from:
+
+    [[source]]
+    results = "../benchmarks/results/2026-11-30-h200x2-qwen3-8b-r1.jsonl"
+    format = "multi_gpu"          # benchmarks/multi_gpu.py JSONL | "single_gpu" (single_gpu.py JSON)
+    prefix = "h200x2-qwen3-8b"    # case folder = <prefix>-r<R>-gb<G>-mb<M>-<param>-<grad>-<update>[-bf16copy]
+    machine = "nvidia-h200-x2"    # the lent machine kind
+    discard = 3                   # steps discarded before the mean (the benchmark's --discard)
+    command = "..."               # the command that measured it (benchmarks/RESULTS.md)
+    hardware = "../benchmarks/results/2026-11-30-h200x2-profile.toml"   # or a preset name
+    hardware_notes = ["..."]      # what to know about that hardware file (optional)
+    notes = ["..."]               # what to know about the measurement (optional)
+
+Rows without a step time (compute-only references, cut runs) are skipped. No trace was saved by
+those benchmarks: measured.json says so and the predictions leave the simulated trace out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from slidedp.spec.errors import SpecError
+from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
+from slidedp.spec.tomlio import Table, read_toml
+from slidedp.validate import store
+from slidedp.validate.cases import Case
+from slidedp.validate.predict import write_predictions
+
+GIB = 2**30
+FORMATS = ("multi_gpu", "single_gpu")
+NO_TRACE = "no Timeline trace was saved by this benchmark run (figures only)"
+
+
+def case_name(prefix: str, c: Case) -> str:
+    p = c.plan
+    name = (f"{prefix}-r{c.gpus}-gb{c.global_batch}-mb{c.micro_batch}-{p.param_route}-"
+            f"{p.grad_route}-{p.update_sharding}")
+    return name + ("-bf16copy" if p.host_bf16_copy else "")
+
+
+def _multi_gpu(path: Path) -> list[tuple[Case, dict]]:
+    """(case, measured figures) of each measured row of a benchmarks/multi_gpu.py JSONL."""
+    out = []
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        if "step_s" not in d:
+            continue
+        plan = Plan(param_route=ParamRoute(d["param_route"]), grad_route=GradRoute(d["grad_route"]),
+                    update_sharding=UpdateSharding(d["update_sharding"]))
+        case = Case("", d["model"], d["seq"], d["ranks"], d["global_batch"], d["micro_batch"], plan)
+        scope = "last step" + (", rank 0's tasks only (benchmarks/multi_gpu.py)" if d["ranks"] > 1 else "")
+        out.append((case, {
+            "date": d["date"], "gpu": d["gpu"], "torch": None,
+            "machine_detail": {"cpus": d["cpus"], "gpu": d["gpu"]},
+            "step_time_s": d["step_s"], "all_steps_s": d["all_steps_s"],
+            "tokens_per_s": d["tokens_per_s"], "channel_s": d["channel_s"],
+            "channel_s_scope": scope, "gpu_peak_bytes": round(d["gpu_peak_gib"] * GIB),
+            "host_pss_bytes": round(d["host_pss_gib_all_ranks"] * GIB),
+            "loss_last": d["loss_last"]}))
+    return out
+
+
+def _single_gpu(path: Path) -> list[tuple[Case, dict]]:
+    """(case, measured figures) of each row of a benchmarks/single_gpu.py JSON."""
+    doc = json.loads(path.read_text())
+    meta, out = doc["meta"], []
+    for d in doc["rows"]:
+        p = d["plan"]
+        plan = Plan(host_bf16_copy=p["host_bf16_copy"], window_slots=p["window_slots"],
+                    h2d_chunk_mib=p["h2d_chunk_mib"], d2h_chunk_mib=p["d2h_chunk_mib"])
+        case = Case("", d["model"], d["seq"], 1, d["micro_batch"], d["micro_batch"], plan)
+        out.append((case, {
+            "date": meta["date"], "gpu": meta["gpu"], "torch": meta["torch"],
+            "machine_detail": {"cpus": meta["cpus"], "gpu": meta["gpu"]},
+            "step_time_s": d["step_s"], "all_steps_s": d["all_steps_s"],
+            "tokens_per_s": d["tokens_per_s"], "channel_s": d["channel_s_last_step"],
+            "channel_s_scope": "last step", "gpu_peak_bytes": round(d["gpu_peak_gib"] * GIB),
+            "host_pss_bytes": round(d["host_pss_gib"] * GIB), "loss_last": d["loss_first_last"][1],
+            "reference_step_s": d["reference_step_s"]}))
+    return out
+
+
+def _path(base: Path, value: str) -> Path:
+    return (base / value).resolve()
+
+
+def import_results(provenance: str | Path, root: Path) -> list[Path]:
+    """Write a stored case (case.toml, measured.json, predicted.json) per measured row of every
+    source of the provenance file; the case folders, in order."""
+    where, base = str(provenance), Path(provenance).resolve().parent
+    folders = []
+    for src in Table(read_toml(provenance), where).subs("source"):
+        results = _path(base, src.str("results"))
+        fmt = src.str("format", choices=FORMATS)
+        prefix, machine, command = src.str("prefix"), src.str("machine"), src.str("command")
+        discard = src.int("discard", minimum=0)
+        hw = src.str("hardware")
+        hw_arg = str(_path(base, hw)) if hw.endswith(".toml") else hw
+        hw_notes, notes = src.raw("hardware_notes", []), src.raw("notes", [])
+        src.done()
+        if not results.is_file():
+            raise SpecError(where, f"{src.prefix}.results", f"an existing file, got {results}")
+        rows = _multi_gpu(results) if fmt == "multi_gpu" else _single_gpu(results)
+        for case, figures in rows:
+            case = Case(case_name(prefix, case), *[getattr(case, k) for k in (
+                "model", "seq", "gpus", "global_batch", "micro_batch", "plan")])
+            folder = root / case.name
+            store.write_case(folder, case, f"imported by slidedp validate --import-results from "
+                                           f"{results.name} (measured {figures['date']}, {machine})")
+            store.write_json(folder / store.MEASURED, figures | {
+                "case": case.name, "machine": machine, "gpus_used": case.gpus,
+                "device": "cuda", "dtype": "bfloat16", "command": command,
+                "iters": len(figures["all_steps_s"]), "discard": discard,
+                "host_pss_scope": "summed over the rank processes", "trace": None,
+                "source": os.path.relpath(results, folder.resolve()),
+                "notes": [NO_TRACE, *notes]})
+            write_predictions(folder, hw_arg, list(hw_notes))
+            folders.append(folder)
+    return folders

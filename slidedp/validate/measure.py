@@ -1,0 +1,62 @@
+"""Measure a list of cases: one group per (model, GPU count, host BF16 copy), in this process for
+one GPU, through torchrun (slidedp.exec.dist.launch running slidedp.validate.worker) for R.
+
+A group shares one host state (built once with random weights, as the benchmarks do) and runs
+its cases in the file's order. A group whose rank processes fail is reported and the others
+still run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from slidedp.exec.dist.launch import launch
+from slidedp.spec.errors import SpecError
+from slidedp.validate.cases import Case, case_toml
+from slidedp.validate.worker import run_group, run_meta
+
+RANK_TIMEOUT_S = 3600.0
+
+
+def groups(cases: list[Case]) -> list[list[Case]]:
+    """Cases sharing a host state, in order of first appearance."""
+    out: dict[tuple, list[Case]] = {}
+    for c in cases:
+        out.setdefault((c.model, c.gpus, c.plan.host_bf16_copy), []).append(c)
+    return list(out.values())
+
+
+def check_devices(cases: list[Case], device: str, where: str) -> None:
+    """One GPU per rank: every case's GPU count must exist here (cuda)."""
+    have = torch.cuda.device_count() if device == "cuda" else None
+    if device == "cuda" and have == 0:
+        raise SpecError("--device", "cuda", "a CUDA device on this machine (none found; --device cpu?)")
+    for i, c in enumerate(cases):
+        if have is not None and c.gpus > have:
+            raise SpecError(where, f"case[{i}].gpus", f"at most the {have} CUDA devices here, got {c.gpus}")
+
+
+def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, discard: int,
+                  machine: str, command: str) -> list[str]:
+    """Measure every case into root/<case>/; the names of the cases whose group failed."""
+    failed: list[str] = []
+    for group in groups(cases):
+        R = group[0].gpus
+        if R == 1:
+            run_group(group, root, run_meta(device, iters, discard, machine, command))
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = Path(tmp) / "group.toml"
+            spec.write_text("\n".join(case_toml(c) for c in group))
+            argv = ["-m", "slidedp.validate.worker", "--cases", str(spec), "--out", str(root),
+                    "--device", device, "--iters", str(iters), "--discard", str(discard),
+                    "--machine", machine, "--command", command]
+            rc = launch(R, argv, env={"OMP_NUM_THREADS": "1"} | dict(os.environ),
+                        timeout_s=RANK_TIMEOUT_S)
+        if rc != 0:
+            failed += [c.name for c in group]
+    return failed

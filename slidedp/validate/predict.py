@@ -1,0 +1,79 @@
+"""The analytic and simulated predictions of a stored case, written to predicted.json.
+
+Both come from the same task graph and the given hardware file (profiled or a preset), with no
+knowledge of the measured figures. Beside a measured trace the simulated steady step is written
+as simulated_trace.json (times from the step's start, like the measured one) and the two are
+overlaid per channel in overlay.png; without one, the simulated trace is left out (it is
+reproducible with `slidedp simulate --trace`, and there is nothing to compare it with).
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from slidedp.model.predict import predict
+from slidedp.sim.result import SimResult
+from slidedp.sim.simulator import simulate
+from slidedp.spec.hardware import HardwareSpec
+from slidedp.validate import store
+from slidedp.validate.cases import Case
+from slidedp.validate.traces import load_trace, save_trace, steady_step
+
+
+def analytic_figures(hw: HardwareSpec, case: Case) -> dict:
+    p = predict(hw, case.workload(), case.plan)
+    return {"step_time_s": p.step_time_s, "lower_bound_s": p.lower_bound_s,
+            "critical_path_s": p.critical_path_s, "compute_s": p.compute_s, "host_s": p.host_s,
+            "host_resource": p.host_resource, "exposed_s": p.exposed_s, "bound_by": p.bound_by,
+            "bottleneck": p.bottleneck, "critical_path_by_channel_s": p.critical_path_by_channel_s,
+            "gpu_peak_bytes": p.memory["gpu_peak_bytes"], "host_bytes": p.memory["host_bytes"],
+            "limiter": p.limiter()}
+
+
+def simulated_figures(res: SimResult) -> dict:
+    host_resource, host_s = res.host
+    t0, t1 = res.window_s
+    rank = res.critical_rank
+    longest = max((e for e in res.exposures if e.rank == rank and e.end_s > t0 and e.start_s < t1),
+                  key=lambda e: min(e.end_s, t1) - max(e.start_s, t0), default=None)
+    return {"step_time_s": res.step_time_s, "compute_s": res.compute_s, "host_s": host_s,
+            "host_resource": host_resource, "exposed_s": res.exposed_s,
+            "bound_by": "gpu" if res.compute_s >= host_s else "host",
+            "bottleneck": res.bottleneck[0], "channel_busy_s": res.channel_busy_s,
+            "exposed_by_channel_s": res.exposed_by_channel_s,
+            "critical_path_by_channel_s": res.critical_path_by_channel_s,
+            "longest_exposure": None if longest is None else {
+                "channel": longest.channel, "waiting_on": longest.waiting_on,
+                "seconds": min(longest.end_s, t1) - max(longest.start_s, t0)}}
+
+
+def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) -> dict:
+    """predicted.json (and, beside a measured trace, simulated_trace.json and overlay.png)."""
+    case = store.read_case(folder)
+    hw, ref = store.hardware_ref(hardware, folder)
+    res = simulate(hw, case.workload(), case.plan)
+    out = {"case": case.name, "date": datetime.date.today().isoformat(),
+           "hardware": ref | {"notes": hardware_notes},
+           "analytic": analytic_figures(hw, case), "simulated": simulated_figures(res),
+           "simulated_trace": None}
+    measured_trace = folder / store.MEASURED_TRACE
+    if measured_trace.is_file():
+        from slidedp.validate.plot import overlay  # matplotlib only where a plot is drawn
+
+        simulated = steady_step(res.timeline())
+        save_trace(simulated, folder / store.SIMULATED_TRACE)
+        out["simulated_trace"] = store.SIMULATED_TRACE
+        measured = load_trace(measured_trace)
+        overlay(measured, simulated, folder / store.OVERLAY, title=f"{case.name} on {hw.name}")
+    store.write_json(folder / store.PREDICTED, out)
+    return out
+
+
+def stored_hardware(folder: Path) -> tuple[str, list[str]]:
+    """The hardware a stored prediction used (as a loadable argument) and its notes; the notes
+    are dropped when the file changed since (they described the old one)."""
+    ref = store.read_json(folder / store.PREDICTED)["hardware"]
+    arg = store.hardware_arg(ref, folder)
+    _, now = store.hardware_ref(arg, folder)
+    return arg, ref.get("notes", []) if now["sha256"] == ref["sha256"] else []

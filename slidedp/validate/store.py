@@ -1,0 +1,68 @@
+"""The stored validation set: one folder per case under a root (default `validation/`).
+
+File names are fixed here (see the package docstring for what each holds). A hardware reference
+in predicted.json names a preset (`{"preset": "h200x1"}`) or a file by its path relative to the
+case folder (`{"file": "../../benchmarks/results/...toml"}`), so the set stays readable from
+anywhere, and carries the file's sha256, so a changed file is noticed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import HardwareSpec, load_hardware, preset_dir
+from slidedp.validate.cases import Case, case_toml, load_cases
+
+CASE, MEASURED, PREDICTED = "case.toml", "measured.json", "predicted.json"
+MEASURED_TRACE, SIMULATED_TRACE, OVERLAY = "measured_trace.json", "simulated_trace.json", "overlay.png"
+SUMMARY_MD, SUMMARY_CSV = "SUMMARY.md", "summary.csv"
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecError(str(path), "<file>", f"a readable JSON file ({e})") from None
+
+
+def write_case(folder: Path, case: Case, comment: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CASE).write_text(case_toml(case, comment))
+
+
+def read_case(folder: Path) -> Case:
+    return load_cases(folder / CASE)[0]
+
+
+def stored_cases(root: Path, pattern: str = "*") -> list[Path]:
+    """Case folders under root (those holding a case.toml) whose name matches the glob, sorted."""
+    return sorted(p.parent for p in Path(root).glob(f"{pattern}/{CASE}"))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def hardware_ref(arg: str, folder: Path) -> tuple[HardwareSpec, dict]:
+    """The hardware named on the command line (preset or file) and its reference for `folder`."""
+    hw = load_hardware(arg)
+    preset = preset_dir() / f"{arg}.toml"
+    if not Path(arg).exists() and preset.is_file():
+        return hw, {"preset": arg, "name": hw.name, "sha256": sha256(preset)}
+    rel = os.path.relpath(Path(arg).resolve(), Path(folder).resolve())
+    return hw, {"file": rel, "name": hw.name, "sha256": sha256(Path(arg))}
+
+
+def hardware_arg(ref: dict, folder: Path) -> str:
+    """The preset name or a loadable path of a stored hardware reference."""
+    if "preset" in ref:
+        return ref["preset"]
+    return os.path.relpath((Path(folder) / ref["file"]).resolve())

@@ -1,0 +1,119 @@
+"""Every stored case side by side: measured, analytic and simulated step time, busy seconds per
+channel, and the error statistics, as SUMMARY.md and summary.csv under the validation root.
+
+Error of a prediction p of a measured step m: (p - m) / m (signed; positive = predicted slower).
+MAPE = mean of |error| over the cases, max = the largest |error| (and its case). Statistics are
+given over every case and per (machine, hardware) group, since cases measured on different
+machines are predicted with different hardware files.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from slidedp.validate import store
+
+CHANNELS = ("UPLOAD", "COMPUTE", "REDUCTION", "DOWNLOAD", "UPDATE")
+MODELS = ("analytic", "simulated")
+
+
+def case_row(folder: Path) -> dict:
+    """One case's figures, flat (the CSV row)."""
+    case = store.read_case(folder)
+    meas = store.read_json(folder / store.MEASURED)
+    pred = store.read_json(folder / store.PREDICTED) if (folder / store.PREDICTED).is_file() else {}
+    p = case.plan
+    row = {"case": case.name, "machine": meas["machine"], "date": meas["date"],
+           "model": case.model, "gpus": case.gpus, "global_batch": case.global_batch,
+           "micro_batch": case.micro_batch, "param_route": str(p.param_route),
+           "grad_route": str(p.grad_route), "update_sharding": str(p.update_sharding),
+           "chunk_mib": p.h2d_chunk_mib, "host_bf16_copy": p.host_bf16_copy,
+           "measured_s": meas["step_time_s"], "hardware": pred.get("hardware", {}).get("name", "")}
+    for m in MODELS:
+        s = pred.get(m, {}).get("step_time_s")
+        row[f"{m}_s"] = s
+        row[f"{m}_error"] = None if s is None else (s - meas["step_time_s"]) / meas["step_time_s"]
+    sim = pred.get("simulated", {})
+    row["simulated_bound_by"] = sim.get("bound_by", "")
+    row["simulated_host_resource"] = sim.get("host_resource", "")
+    for c in CHANNELS:
+        row[f"measured_{c.lower()}_s"] = meas["channel_s"].get(c, 0.0)
+        row[f"simulated_{c.lower()}_s"] = sim.get("channel_busy_s", {}).get(c)
+    return row
+
+
+def summary_rows(root: Path, pattern: str = "*") -> list[dict]:
+    return [case_row(f) for f in store.stored_cases(root, pattern)]
+
+
+def error_stats(rows: list[dict], model: str) -> dict:
+    """{'n', 'mape', 'max', 'max_case'} of one model's errors over rows (absolute fractions)."""
+    errs = [(abs(r[f"{model}_error"]), r["case"]) for r in rows if r[f"{model}_error"] is not None]
+    if not errs:
+        return {"n": 0, "mape": None, "max": None, "max_case": None}
+    worst = max(errs)
+    return {"n": len(errs), "mape": sum(e for e, _ in errs) / len(errs), "max": worst[0],
+            "max_case": worst[1]}
+
+
+def _pct(x: float | None, signed: bool = False) -> str:
+    return "" if x is None else f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
+
+
+def _notes(root: Path, folders: list[Path]) -> list[str]:
+    """Distinct notes of the measured and predicted files, with how many cases each concerns."""
+    count: dict[str, int] = {}
+    for f in folders:
+        notes = store.read_json(f / store.MEASURED).get("notes", [])
+        if (f / store.PREDICTED).is_file():
+            notes = notes + store.read_json(f / store.PREDICTED)["hardware"].get("notes", [])
+        for n in notes:
+            count[n] = count.get(n, 0) + 1
+    return [f"{n} ({k} case{'s' if k > 1 else ''})" for n, k in count.items()]
+
+
+def markdown(root: Path, rows: list[dict]) -> str:
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["machine"], r["hardware"]), []).append(r)
+    out = ["# Validation: measured against predicted", "",
+           "Written by `slidedp validate` from the stored cases under this folder (one folder per "
+           "case: case.toml, measured.json, predicted.json). Error = (predicted - measured) / "
+           "measured; MAPE = mean |error|; max = largest |error|.", "",
+           "| cases | machine | hardware | analytic MAPE | analytic max | simulated MAPE | simulated max |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (machine, hw), part in [(("all", "-"), rows), *groups.items()]:
+        a, s = error_stats(part, "analytic"), error_stats(part, "simulated")
+        out.append(f"| {len(part)} | {machine} | {hw} | {_pct(a['mape'])} | {_pct(a['max'])} | "
+                   f"{_pct(s['mape'])} | {_pct(s['max'])} |")
+    out += ["", "| case | R | gb:mb | routes (param/grad/update) | measured s | analytic s | "
+            "simulated s | bound (sim): by (busiest host resource) | busy s measured / simulated: upload, compute, download, update |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        busy = ", ".join(f"{r[f'measured_{c}_s']:.2f}/" + ("-" if r[f"simulated_{c}_s"] is None
+                                                            else f"{r[f'simulated_{c}_s']:.2f}")
+                         for c in ("upload", "compute", "download", "update"))
+        an = "" if r["analytic_s"] is None else f"{r['analytic_s']:.3f} ({_pct(r['analytic_error'], True)})"
+        si = "" if r["simulated_s"] is None else f"{r['simulated_s']:.3f} ({_pct(r['simulated_error'], True)})"
+        out.append(f"| {r['case']} | {r['gpus']} | {r['global_batch']}:{r['micro_batch']} | "
+                   f"{r['param_route']}/{r['grad_route']}/{r['update_sharding']} | "
+                   f"{r['measured_s']:.3f} | {an} | {si} | {r['simulated_bound_by']} "
+                   f"({r['simulated_host_resource']}) | {busy} |")
+    notes = _notes(root, store.stored_cases(root))
+    if notes:
+        out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def write_summary(root: Path) -> list[dict]:
+    """SUMMARY.md and summary.csv over every stored case; the rows."""
+    rows = summary_rows(root)
+    if not rows:
+        return rows
+    (root / store.SUMMARY_MD).write_text(markdown(root, rows))
+    with open(root / store.SUMMARY_CSV, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return rows

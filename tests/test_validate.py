@@ -1,0 +1,162 @@
+"""`slidedp validate`: the cases file, the stored set (import, --predict-only, summary) and a tiny
+measured run on the CPU (one in-process rank and two torchrun ranks over gloo). On the CPU the
+predictions of an H200 are meaningless: the run checks files and keys, not errors."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slidedp.cli import main
+from slidedp.spec.errors import SpecError
+from slidedp.spec.plan import GradRoute, ParamRoute
+from slidedp.validate import store
+from slidedp.validate.cases import case_toml, load_cases, parse_cases
+from slidedp.validate.traces import load_trace
+
+ROOT = Path(__file__).parents[1]
+VALIDATION = ROOT / "validation"
+TINY = """
+[defaults]
+model = "tiny-qwen3"
+seq = 32
+plan = { h2d_chunk_mib = 0.01, d2h_chunk_mib = 0.01 }
+
+[[case]]
+name = "tiny-r1"
+gpus = 1
+global_batch = 2
+micro_batch = 1
+
+[[case]]
+name = "tiny-r2"
+gpus = 2
+global_batch = 4
+micro_batch = 1
+plan = { param_route = "replicated" }
+"""
+
+
+def _cases(**case) -> dict:
+    base = {"name": "a", "model": "qwen3-8b", "seq": 4096, "gpus": 2, "global_batch": 8,
+            "micro_batch": 4}
+    return {"case": [base | case]}
+
+
+def test_cases_merge_defaults_and_round_trip(tmp_path):
+    f = tmp_path / "cases.toml"
+    f.write_text(TINY)
+    r1, r2 = load_cases(f)
+    assert (r1.model, r1.seq, r1.plan.h2d_chunk_mib, r1.plan.param_route) == (
+        "tiny-qwen3", 32, 0.01, ParamRoute.SHARDED)
+    assert (r2.plan.param_route, r2.plan.grad_route, r2.plan.d2h_chunk_mib) == (
+        ParamRoute.REPLICATED, GradRoute.GPU, 0.01)
+    back = tmp_path / "case.toml"
+    back.write_text(case_toml(r2, "a comment"))
+    assert load_cases(back) == [r2]
+
+
+@pytest.mark.parametrize("data, field", [
+    (_cases(gpu=2), "case[0].gpu"),  # unknown key
+    (_cases(global_batch=6), "case[0].global_batch"),  # not a multiple of micro_batch x gpus
+    (_cases(seq="long"), "case[0].seq"),
+    (_cases(model="no-such-model"), "case[0].model"),
+    (_cases(plan={"param_route": "diagonal"}), "case[0].plan.param_route"),
+    (_cases(plan={"chunk": 64}), "case[0].plan.chunk"),
+    (_cases(name="a b"), "case[0].name"),
+    ({"case": [_cases()["case"][0]] * 2}, "case[1].name"),  # duplicate
+    ({"cases": []}, "case"),  # the array is missing
+    (_cases() | {"default": {}}, "default"),  # unknown top-level table
+])
+def test_bad_cases_name_file_and_field(data, field):
+    with pytest.raises(SpecError) as e:
+        parse_cases(data, "cases.toml")
+    assert (e.value.where, e.value.field) == ("cases.toml", field)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_bad_cases_is_one_line_exit_2(tmp_path, capsys):
+    f = tmp_path / "cases.toml"
+    f.write_text('[[case]]\nname = "x"\nmodel = "qwen3-8b"\nseq = 4096\ngpus = 3\n'
+                 'global_batch = 3\nmicro_batch = 1\n')
+    assert main(["validate", "--hardware", "h200x2", "--cases", str(f), "--out", str(tmp_path),
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(f) in err and "case[0].gpus" in err
+
+
+def test_import_writes_the_stored_cases(tmp_path):
+    # a copy of the provenance file beside copies of the results: paths resolve against it
+    (tmp_path / "validation").mkdir()
+    shutil.copy(VALIDATION / "imports.toml", tmp_path / "validation")
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    out = tmp_path / "validation"
+    assert main(["validate", "--import-results", str(out / "imports.toml"), "--out", str(out)]) == 0
+    names = [f.name for f in store.stored_cases(out)]
+    assert len(names) == 17  # 3 + 8 measured rows of the 8B runs, 6 of the 4B run
+    assert "h200x2-qwen3-8b-r2-gb8-mb4-sharded-gpu-sharded" in names
+    assert "h200-qwen3-4b-r1-gb4-mb4-sharded-gpu-rank0-bf16copy" in names
+    case = out / "h200x2-qwen3-8b-r2-gb8-mb4-replicated-cpu-rank0"
+    meas = json.loads((case / store.MEASURED).read_text())
+    assert (meas["date"], meas["machine"], meas["trace"], meas["gpus_used"]) == (
+        "2026-11-30", "nvidia-h200-x2", None, 2)
+    assert meas["step_time_s"] == pytest.approx(5.1817, abs=1e-4)
+    assert "multi_gpu.py" in meas["command"] and "no Timeline trace" in meas["notes"][0]
+    pred = json.loads((case / store.PREDICTED).read_text())
+    profile = tmp_path / "benchmarks/results/2026-11-30-h200x2-profile.toml"
+    assert pred["hardware"]["sha256"] == store.sha256(profile)
+    assert pred["simulated_trace"] is None and not (case / store.SIMULATED_TRACE).exists()
+    four_b = json.loads((out / names[0] / store.PREDICTED).read_text())
+    assert four_b["hardware"]["preset"] == "h200x1"
+    summary = (out / store.SUMMARY_MD).read_text()
+    assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 18
+
+
+def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):
+    out = tmp_path / "validation"
+    for f in store.stored_cases(VALIDATION, "h200-qwen3-4b-r1-gb1-*"):  # preset h200x1: relocatable
+        shutil.copytree(f, out / f.name)
+        (out / f.name / store.PREDICTED).write_text(json.dumps(
+            json.loads((f / store.PREDICTED).read_text()) | {"analytic": {}, "simulated": {}}))
+    assert main(["validate", "--predict-only", "--out", str(out)]) == 0
+    assert "simulated: 2 cases, MAPE" in capsys.readouterr().out
+    rows = (out / store.SUMMARY_CSV).read_text().splitlines()
+    assert len(rows) == 3
+    for f in store.stored_cases(out):
+        pred = json.loads((f / store.PREDICTED).read_text())
+        assert pred["analytic"]["step_time_s"] > 0 and pred["simulated"]["step_time_s"] > 0
+        assert pred["hardware"]["notes"]  # same file: its notes stay
+    assert main(["validate", "--predict-only", "--out", str(out), "--hardware", "h200x2",
+                 "--select", "*bf16copy"]) == 0
+    pred = json.loads((out / "h200-qwen3-4b-r1-gb1-mb1-sharded-gpu-rank0-bf16copy"
+                       / store.PREDICTED).read_text())
+    assert (pred["hardware"]["name"], pred["hardware"]["notes"]) == ("h200x2", [])
+    assert main(["validate", "--predict-only", "--out", str(out), "--select", "nothing*"]) == 2
+
+
+def test_tiny_cpu_run_writes_every_file(tmp_path):
+    cases = tmp_path / "cases.toml"
+    cases.write_text(TINY)
+    out = tmp_path / "validation"
+    assert main(["validate", "--hardware", "h200x2", "--cases", str(cases), "--out", str(out),
+                 "--device", "cpu", "--iters", "2", "--discard", "1", "--machine", "ci"]) == 0
+    for name, ranks in (("tiny-r1", 1), ("tiny-r2", 2)):
+        f = out / name
+        for file in (store.CASE, store.MEASURED, store.PREDICTED, store.MEASURED_TRACE,
+                     store.SIMULATED_TRACE, store.OVERLAY):
+            assert (f / file).is_file(), (name, file)
+        meas = json.loads((f / store.MEASURED).read_text())
+        assert {"step_time_s", "all_steps_s", "channel_s", "gpu_peak_bytes", "host_pss_bytes",
+                "date", "machine", "gpu", "torch", "command"} <= set(meas)
+        assert (meas["machine"], meas["gpu"], meas["gpus_used"], len(meas["all_steps_s"])) == (
+            "ci", "cpu", ranks, 2)
+        assert meas["channel_s"]["COMPUTE"] > 0 and "--cases" in meas["command"]
+        measured = load_trace(f / store.MEASURED_TRACE)
+        computes = {r.agent for r in measured.records if r.channel == "COMPUTE"}
+        assert computes == {f"gpu{i}.compute" for i in range(ranks)}  # every rank merged
+        assert load_trace(f / store.SIMULATED_TRACE).records
+        pred = json.loads((f / store.PREDICTED).read_text())
+        assert {"analytic", "simulated", "hardware"} <= set(pred) and pred["hardware"]["sha256"]
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 3
