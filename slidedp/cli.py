@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from slidedp.commands import listing, predict, profile, simulate, sweep, train
+from slidedp.commands import listing, plan, predict, profile, simulate, sweep, train, validate
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 
-COMMANDS = [predict, simulate, sweep, train, listing, profile]
+COMMANDS = [predict, simulate, sweep, train, listing, profile, validate, plan]
 
 
 def build_parser() -> argparse.ArgumentParser:

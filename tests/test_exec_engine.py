@@ -229,3 +229,11 @@ def test_cuda_bf16_tracks_fp32_reference():
     results, _ = _train(cfg, plan, batches, device="cuda", dtype=torch.bfloat16)
     for r, loss in zip(results, ref_losses, strict=True):
         assert abs(r.loss - loss) <= 3e-2
+
+
+def test_policies_the_executor_does_not_run_are_refused():
+    cfg = json.loads((Path(__file__).parents[1] / "slidedp/presets/models/tiny-qwen3.json").read_text())
+    wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=2, micro_batch=2, gpus=1)
+    for plan in (Plan(layer_policies=("layer", "sac")), Plan(activation_policy=ActivationPolicy.NONE)):
+        with pytest.raises(SpecError, match="policies|activation_policy"):
+            Engine(cfg, wl, plan, optimizer=OPT)

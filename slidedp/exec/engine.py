@@ -192,8 +192,11 @@ class Engine:
         if session is not None and host_state is None:
             raise SpecError("engine", "host_state", "the session's shared host state "
                             "(DistSession.host_state)")
-        if plan.activation_policy != ActivationPolicy.LAYER:
-            raise SpecError("plan", "activation_policy", "'layer' (the only policy the executor runs)")
+        if plan.activation_policy != ActivationPolicy.LAYER or any(
+                p != ActivationPolicy.LAYER for p in plan.layer_policies):
+            field = "activation_policy" if not plan.layer_policies else "layer_policies"
+            raise SpecError("plan", field, "'layer' for every layer (the only policy the executor "
+                            "runs yet; segment, selective and none are modelled, not executed)")
         if not plan.step_join:
             raise SpecError("plan", "step_join", "true: the executor joins every agent at the step "
                             "boundary (see 'Step boundary' above)")

@@ -7,9 +7,13 @@ The schedule, per iteration and per rank r (units: 0 embedding, 1..L layers, L+1
               its chunks: all of them when replicated, its 1/R shard when sharded) -> ALLGATHER
               (sharded, R > 1). With `host_bf16_copy` the update wrote the BF16 copy: no CAST.
   compute     EMBED_FWD, FWD 1..L, HEAD_LOSS (head fwd+bwd and loss), then for l = L..1
-              RECOMPUTE (whole-layer checkpoint) and BWD, then EMBED_BWD.
-  activations ACT_OFFLOAD of layer l's input (ratio r of it) after it is produced; ACT_RELOAD
-              before RECOMPUTE(l), at most `reload_ahead_layers` layers ahead.
+              RECOMPUTE and BWD, then EMBED_BWD. RECOMPUTE(l) exists when layer l's policy
+              recomputes anything (slidedp.spec.segments: layer, sac, seg masks other than all
+              kept); its work is the policy's recompute FLOPs, and meta["recompute_hbm_bytes"]
+              holds its elementwise HBM bytes per unit (costs.py turns both into seconds).
+  activations ACT_OFFLOAD of ratio r of what layer l's policy retains, after its input is
+              produced; ACT_RELOAD before RECOMPUTE(l) (or BWD(l)), at most
+              `reload_ahead_layers` layers ahead.
   gradients   per unit, after every rank's BWD: REDUCE (gpu route: reduce to rank 0, or
               reduce-scatter when the update is sharded) -> D2H per chunk -> ADAM per chunk; on
               the cpu route every rank downloads every chunk and HOST_SUM adds them before ADAM.
@@ -43,6 +47,7 @@ import numpy as np
 
 from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, Kind, TaskGraph
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
+from slidedp.spec.segments import policy_cost
 from slidedp.spec.workload import Workload
 
 MIB = 2**20
@@ -188,9 +193,10 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
     lf = m.layer_flops_per_token(wl.seq_len)
     hf = m.head_flops_per_token()
     plan.check_layers(L)
-    recompute = [False] + [plan.policy_of(layer) == "layer" for layer in range(1, L + 1)]
-    act_bytes = [0.0] + [plan.offload_ratio * tokens * m.activation_bytes_per_token(plan.policy_of(layer))
-                         for layer in range(1, L + 1)]
+    costs = [None] + [policy_cost(m, plan.policy_of(layer), wl.seq_len) for layer in range(1, L + 1)]
+    recompute = [False] + [c.recomputes for c in costs[1:]]
+    act_bytes = [0.0] + [plan.offload_ratio * tokens * c.retained_bytes for c in costs[1:]]
+    recompute_hbm = {layer: tokens * costs[layer].recompute_hbm_bytes for layer in range(1, L + 1)}
 
     b = _Builder()
     compute = [b.agent(f"gpu{r}.compute") for r in range(R)]
@@ -400,7 +406,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                         b.edge(bwd_tasks[r][ahead], reload, EdgeKind.BUFFER)
                 srcs = [fwd_tasks[r][layer]] if ready is None else ready[r]
                 if recompute[layer]:
-                    rc = b.task(Kind.RECOMPUTE, t, layer, r, -1, compute[r], lf["recompute"] * tokens)
+                    rc = b.task(Kind.RECOMPUTE, t, layer, r, -1, compute[r],
+                                costs[layer].recompute_flops * tokens)
                     b.edges(srcs, rc, EdgeKind.DATA)
                     b.edge(last[r], rc, EdgeKind.DATA)
                     if reload >= 0:
@@ -445,7 +452,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         n_iterations=iterations, n_ranks=R, unit_params=list(units),
         meta={"cast_threads": cast_threads, "update_threads": update_threads,
               "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter,
-              "grad_ring_chunks": ring_sizes},
+              "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm},
     )
     return g
 

@@ -1,9 +1,12 @@
 """Work -> time, in one place: task durations and the shared resources each task draws on.
 
 Durations are each task alone on its agent at the full rate of its resources (no contention):
-  FWD / RECOMPUTE / BWD   measured layer time for the shape when the hardware spec has one
-                          (fwd : bwd : recompute = 1 : 2 : 1, as their FLOPs), else
+  FWD / BWD               measured layer time for the shape when the hardware spec has one
+                          (fwd : bwd = 1 : 2, as their FLOPs), else
                           FLOPs / achieved rate(hidden, tokens per micro-batch)
+  RECOMPUTE               fwd time x the policy's recompute fraction: (recompute FLOPs + its
+                          elementwise HBM bytes x k) / (the same for the whole forward), k =
+                          achieved rate / HBM rate (spec/segments.py; 1 for whole-layer "layer")
   HEAD_LOSS               FLOPs / achieved rate;  EMBED_FWD / EMBED_BWD  bytes / HBM rate
   H2D, ACT_RELOAD         bytes / per-GPU H2D rate;  D2H, ACT_OFFLOAD  bytes / per-GPU D2H rate
   CAST                    elements / cast rate(threads);  ADAM  parameters / Adam rate(threads)
@@ -26,6 +29,7 @@ import numpy as np
 
 from slidedp.graph.tasks import COLLECTIVE_OPS, Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
+from slidedp.spec.segments import segment_costs
 from slidedp.spec.workload import Workload
 
 ELEM_FP32 = 4
@@ -46,15 +50,15 @@ class ResourceUse:
 
 
 def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
-    """Seconds of one decoder layer's fwd / bwd / recompute for one GPU's whole step (all micro-batches)."""
+    """Seconds of one decoder layer's fwd / bwd for one GPU's whole step (all micro-batches)."""
     m = wl.model
     meas = hw.gpu.measured_layer_s(m.hidden, m.ffn, wl.seq_len, wl.micro_batch)
     if meas is not None:
-        per_mb = {"fwd": meas / 3, "bwd": 2 * meas / 3, "recompute": meas / 3}
+        per_mb = {"fwd": meas / 3, "bwd": 2 * meas / 3}
     else:
         rate = hw.gpu.achieved_flops(m.hidden, wl.tokens_per_micro_batch)
         f = m.layer_flops_per_token(wl.seq_len)
-        per_mb = {k: f[k] * wl.tokens_per_micro_batch / rate for k in ("fwd", "bwd", "recompute")}
+        per_mb = {k: f[k] * wl.tokens_per_micro_batch / rate for k in ("fwd", "bwd")}
     return {k: v * wl.accum_steps for k, v in per_mb.items()}
 
 
@@ -66,7 +70,7 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     sel = {k: kind == int(k) for k in Kind}
     d[sel[Kind.FWD]] = lt["fwd"]
     d[sel[Kind.BWD]] = lt["bwd"]
-    d[sel[Kind.RECOMPUTE]] = lt["recompute"]
+    d[sel[Kind.RECOMPUTE]] = _recompute_s(g, hw, wl, lt["fwd"])
     head_rate = hw.gpu.achieved_flops(wl.model.hidden, wl.tokens_per_micro_batch)
     d[sel[Kind.HEAD_LOSS]] = work[sel[Kind.HEAD_LOSS]] / head_rate
     emb = sel[Kind.EMBED_FWD] | sel[Kind.EMBED_BWD]
@@ -84,6 +88,18 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
         d[v] = hw.fabric.collective_s(COLLECTIVE_OPS[g.op[v]], work[v], g.n_ranks)
     return d
+
+
+def _recompute_s(g: TaskGraph, hw: HardwareSpec, wl: Workload, fwd_s: float) -> np.ndarray:
+    """RECOMPUTE seconds: fwd_s scaled by the task's share of the forward's work (docstring)."""
+    m, tokens = wl.model, wl.tokens_per_gpu_step
+    k = hw.gpu.achieved_flops(m.hidden, wl.tokens_per_micro_batch) / hw.gpu.hbm_bps
+    seg = segment_costs(m, wl.seq_len)
+    full = (sum(seg.fwd_flops) + k * sum(seg.fwd_hbm_bytes)) * tokens
+    idx = np.flatnonzero(g.kind == int(Kind.RECOMPUTE))
+    hbm = g.meta.get("recompute_hbm_bytes", {})
+    work = [g.work[v] + k * hbm.get(int(g.unit[v]), 0.0) for v in idx]
+    return fwd_s * np.asarray(work, np.float64) / full
 
 
 def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> ResourceUse:

@@ -4,10 +4,11 @@ GPU, per rank (bytes):
   window        window_slots x largest decoder layer x 2        (BF16 slots)
   resident      embedding + head unit, x 2                      (their own slots)
   grad_buffers  grad_buffers x largest layer x 2 + embedding and head gradients x 2
-  checkpoints   (1 - r) x sum over layers of tokens per GPU step x activation bytes per token
-                of the layer's policy (whole-layer checkpoint: hidden x 2)
+  checkpoints   (1 - r) x sum over layers of tokens per GPU step x retained bytes per token
+                of the layer's policy (spec/segments.py; whole-layer checkpoint: hidden x 2)
   reload        reload_ahead_layers x r x the largest layer's kept activations
-  transient     one micro-batch's recompute + backward of one layer
+  transient     one micro-batch's recompute + backward of one layer: the max over layers of
+                tokens per micro-batch x the policy's transient bytes per token
   loss          LOSS_CHUNK_TOKENS x vocab x 4 x 2 (FP32 logits of one chunk and their gradient)
   runtime       CUDA context and allocator slack (estimate)
 Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
@@ -23,6 +24,7 @@ from slidedp.graph.build import grad_ring_sizes
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
+from slidedp.spec.segments import policy_cost
 from slidedp.spec.workload import Workload
 
 GIB = 2**30
@@ -39,7 +41,8 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
     layer = max(units[1:-1])
     tok = wl.tokens_per_gpu_step
     plan.check_layers(m.n_layers)
-    kept = [tok * m.activation_bytes_per_token(plan.policy_of(layer)) for layer in range(1, m.n_layers + 1)]
+    costs = {p: policy_cost(m, p, wl.seq_len) for p in {plan.policy_of(i) for i in range(1, m.n_layers + 1)}}
+    kept = [tok * costs[plan.policy_of(layer)].retained_bytes for layer in range(1, m.n_layers + 1)]
     ckpt = (1 - plan.offload_ratio) * sum(kept)
     return {
         "window": plan.window_slots * layer * 2,
@@ -47,7 +50,7 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
         "grad_buffers": plan.grad_buffers * layer * 2 + (units[0] + units[-1]) * 2,
         "checkpoints": ckpt,
         "reload": plan.reload_ahead_layers * plan.offload_ratio * max(kept),
-        "transient": wl.tokens_per_micro_batch * m.backward_transient_bytes_per_token(),
+        "transient": wl.tokens_per_micro_batch * max(c.transient_bytes for c in costs.values()),
         "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
         "runtime": GPU_RUNTIME_BYTES,
     }

@@ -52,7 +52,7 @@ from typing import Any
 from slidedp.spec.errors import SpecError
 
 FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "qwen3_moe")
-ACTIVATION_POLICIES = ("layer", "none")
+ACTIVATION_POLICIES = ("layer", "none")  # computed here; the others in slidedp.spec.segments
 BF16 = 2  # bytes per element of activations
 FP32 = 4
 
@@ -223,7 +223,8 @@ class ModelSpec:
     def activation_bytes_per_token(self, policy: str, layer: int | None = None) -> float:
         """Activation bytes per token one decoder layer keeps for backward, bf16.
 
-        "layer" (whole-layer checkpoint): the layer input, 2 h.
+        "layer" (whole-layer checkpoint): the layer input, 2 h. "sac" and "seg:<mask>": see
+        slidedp.spec.segments (an unknown name is a SpecError naming the policy).
         "none" (plain autograd, SDPA/flash attention: no seq x seq scores), the tensors autograd
         saves in a Qwen3/Llama decoder layer, in elements per token (x2 bytes):
           h      layer input x (input RMSNorm input; the residual)
@@ -242,12 +243,11 @@ class ModelSpec:
         input and fp32 rstd. w = f (dense) or e m (MoE); MoE adds the e gathered expert inputs
         (e h) and the router probabilities (E, fp32).
         """
-        if policy not in ACTIVATION_POLICIES:
-            raise SpecError(
-                "activation policy",
-                "policy",
-                f"one of {', '.join(ACTIVATION_POLICIES)}, got {policy!r}",
-            )
+        if policy not in ACTIVATION_POLICIES:  # sac, seg:<mask>: slidedp.spec.segments
+            from slidedp.spec.segments import parse_policy, policy_cost  # they import this module
+
+            parsed = parse_policy(policy, "activation policy", "policy")
+            return policy_cost(self, parsed, 1, layer).retained_bytes  # retained bytes ignore seq
         h, q, k = self.hidden, self._q(), self._kv()
         if policy == "layer":
             return float(BF16 * h)

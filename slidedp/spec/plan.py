@@ -11,7 +11,8 @@ Buffers are bounded: `window_slots` GPU slots for decoder layers (the embedding 
 have their own resident slots), `staging_chunks` pinned host chunks for cast+H2D,
 `grad_buffers` GPU gradient buffers per rank, `d2h_staging_chunks` pinned host chunks per update
 worker for gradients. Activations: `activation_policy` for every decoder layer, or
-`layer_policies` with one entry per layer; `offload_ratio` r of what a layer keeps goes to pinned
+`layer_policies` with one entry per layer, each "layer", "none", "sac" or "seg:0b<7 bits>"
+(slidedp.spec.segments defines them; stored in canonical form); `offload_ratio` r of what a layer keeps goes to pinned
 host memory and is reloaded `reload_ahead_layers` layers ahead of its backward.
 `defer_update` holds every ADAM of an iteration until all of its gradient chunks are on the host,
 which exact global-norm clipping needs (the norm covers every chunk before any update). It costs
@@ -32,6 +33,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from slidedp.spec.errors import SpecError
+from slidedp.spec.segments import parse_policy
 from slidedp.spec.tomlio import Table, read_toml
 
 
@@ -67,7 +69,7 @@ class Plan:
     grad_buffers: int = 2
     d2h_staging_chunks: int = 4
     activation_policy: ActivationPolicy = ActivationPolicy.LAYER
-    layer_policies: tuple[ActivationPolicy, ...] = ()  # per decoder layer; () = activation_policy
+    layer_policies: tuple[str, ...] = ()  # per decoder layer (segments.py names); () = activation_policy
     offload_ratio: float = 0.0
     reload_ahead_layers: int = 2
     update_workers: int = 1
@@ -94,10 +96,15 @@ class Plan:
         for name, ok in checks.items():
             if not ok:
                 raise SpecError("plan", name, f"a valid value (see Plan docs), got {getattr(self, name)!r}")
+        if not isinstance(self.layer_policies, tuple | list):
+            raise SpecError("plan", "layer_policies", f"a list of policies, got {self.layer_policies!r}")
+        names = tuple(parse_policy(p, "plan", f"layer_policies[{i}]").name
+                      for i, p in enumerate(self.layer_policies))
+        object.__setattr__(self, "layer_policies", names)  # canonical names (frozen dataclass)
 
-    def policy_of(self, layer: int) -> ActivationPolicy:
-        """The activation policy of decoder layer `layer` (1..L, as graph units)."""
-        return self.layer_policies[layer - 1] if self.layer_policies else self.activation_policy
+    def policy_of(self, layer: int) -> str:
+        """The activation policy name of decoder layer `layer` (1..L, as graph units)."""
+        return self.layer_policies[layer - 1] if self.layer_policies else str(self.activation_policy)
 
     def check_layers(self, n_layers: int, where: str = "plan") -> None:
         """A per-layer policy list must name every decoder layer."""
@@ -129,10 +136,10 @@ def parse_plan(data: dict, where: str) -> Plan:
             continue
         if f.name == "layer_policies":
             names = t.raw(f.name)
-            choices = tuple(e.value for e in ActivationPolicy)
-            if not isinstance(names, list) or any(n not in choices for n in names):
-                raise SpecError(where, "plan.layer_policies", f"a list of {', '.join(choices)}")
-            kw[f.name] = tuple(ActivationPolicy(n) for n in names)
+            if not isinstance(names, list):
+                raise SpecError(where, "plan.layer_policies", "a list of policy names (segments.py)")
+            kw[f.name] = tuple(parse_policy(n, where, f"plan.layer_policies[{i}]").name
+                               for i, n in enumerate(names))
         elif f.name in _ENUMS:
             enum = _ENUMS[f.name]
             kw[f.name] = enum(t.str(f.name, choices=tuple(e.value for e in enum)))
