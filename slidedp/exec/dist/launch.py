@@ -1,13 +1,14 @@
 """Start one process per GPU with torchrun (torch.distributed.run), standalone on this host.
 
 `launch(nproc, argv)` runs
-    python -m torch.distributed.run --standalone --nproc-per-node N --monitor-interval 1 ARGV
+    python -m torch.distributed.run --standalone --nproc-per-node N --monitor-interval 5 ARGV
 and returns torchrun's exit status; ARGV is a script and its arguments, or `-m module args`
 (`slidedp train --nproc N` passes ["-m", "slidedp.cli", "train", ...] without --nproc). Each
 rank process finds RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in its environment
 (`is_rank_process()`) and starts a DistSession. The monitor interval is longer than the
-session's watchdog period so that a failure is reported by the ranks themselves (naming the
-failed rank and its cause) before torchrun terminates the survivors.
+session's watchdog period (50x: a loaded machine can delay the watchdog thread by a second or
+more) so that a failure is reported by the ranks themselves (naming the failed rank and its
+cause) before torchrun terminates the survivors.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import subprocess
 import sys
 
-MONITOR_INTERVAL_S = 1.0
+MONITOR_INTERVAL_S = 5.0
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:
