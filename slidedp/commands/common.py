@@ -62,15 +62,20 @@ def positive(value, option: str):
     return value
 
 
-def resolve(args: argparse.Namespace) -> Resolved:
-    """Specs from the options; every failure is a SpecError naming the option or file."""
-    hw = load_hardware(args.hardware)
+def resolve_workload(args: argparse.Namespace, hw: HardwareSpec) -> Workload:
+    """The workload of the workload options on hardware `hw` (SpecErrors name the option)."""
     model = load_model(args.model)
     gpus = positive(args.gpus, "--gpus") or hw.gpu.count
     mb = positive(args.micro_batch, "--micro-batch")
     gb = positive(args.global_batch, "--global-batch") or mb * gpus
     positive(args.seq, "--seq")
-    wl = Workload(model, args.seq, gb, mb, gpus, where="command line")
+    return Workload(model, args.seq, gb, mb, gpus, where="command line")
+
+
+def resolve(args: argparse.Namespace) -> Resolved:
+    """Specs from the options; every failure is a SpecError naming the option or file."""
+    hw = load_hardware(args.hardware)
+    wl = resolve_workload(args, hw)
     plan = load_plan(args.plan) if args.plan else default_plan(hw.fabric.kind)
     over = {"param_route": args.param_route and ParamRoute(args.param_route),
             "grad_route": args.grad_route and GradRoute(args.grad_route),
@@ -87,11 +92,16 @@ def resolve(args: argparse.Namespace) -> Resolved:
     return Resolved(hw, wl, plan)
 
 
+def describe_workload(hw: HardwareSpec, w: Workload) -> str:
+    """Hardware and workload in one line."""
+    return (f"{hw.name} | {w.model.name} seq {w.seq_len} | {w.gpus} GPU x micro-batch "
+            f"{w.micro_batch} x accum {w.accum_steps} = global batch {w.global_batch}")
+
+
 def describe(r: Resolved) -> str:
     """The resolved configuration in one line (printed at start)."""
-    w, p = r.workload, r.plan
-    return (f"{r.hardware.name} | {w.model.name} seq {w.seq_len} | {w.gpus} GPU x micro-batch "
-            f"{w.micro_batch} x accum {w.accum_steps} = global batch {w.global_batch} | "
+    p = r.plan
+    return (f"{describe_workload(r.hardware, r.workload)} | "
             f"params {p.param_route}, grads {p.grad_route}, update {p.update_sharding} | chunks "
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
             f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}")

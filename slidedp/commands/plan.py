@@ -5,18 +5,14 @@ memory cap, says why (per the simulator) and how long it took, and writes the pl
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
-from enum import Enum
 from pathlib import Path
 
-from slidedp.commands.common import add_workload_options, positive
+from slidedp.commands.common import add_workload_options, describe_workload, resolve_workload
 from slidedp.policy.auto import GIB, auto_plan
 from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import load_hardware
-from slidedp.spec.model import load_model
-from slidedp.spec.plan import Plan
-from slidedp.spec.workload import Workload
+from slidedp.spec.plan import Plan, plan_dict
 
 
 def register(sub) -> None:
@@ -39,20 +35,12 @@ def register(sub) -> None:
 
 def plan_toml(plan: Plan, comment: str) -> str:
     """The [plan] table of every Plan field, as parse_plan reads it back."""
-    table = {
-        k: (v.value if isinstance(v, Enum) else list(v) if isinstance(v, tuple) else v)
-        for k, v in asdict(plan).items()
-    }
-    return dumps({"plan": table}, comment)
+    return dumps({"plan": plan_dict(plan)}, comment)
 
 
 def run(args: argparse.Namespace) -> int:
     hw = load_hardware(args.hardware)
-    gpus = positive(args.gpus, "--gpus") or hw.gpu.count
-    mb = positive(args.micro_batch, "--micro-batch")
-    gb = positive(args.global_batch, "--global-batch") or mb * gpus
-    positive(args.seq, "--seq")
-    wl = Workload(load_model(args.model), args.seq, gb, mb, gpus, where="command line")
+    wl = resolve_workload(args, hw)
     cap = hw.gpu.hbm_bytes
     if args.gpu_memory_cap_gib is not None:
         if args.gpu_memory_cap_gib <= 0:
@@ -62,10 +50,7 @@ def run(args: argparse.Namespace) -> int:
                 f"a positive number, got {args.gpu_memory_cap_gib}",
             )
         cap = args.gpu_memory_cap_gib * GIB
-    print(
-        f"{hw.name} | {wl.model.name} seq {wl.seq_len} | {wl.gpus} GPU x micro-batch "
-        f"{wl.micro_batch} x accum {wl.accum_steps} = global batch {wl.global_batch}"
-    )
+    print(describe_workload(hw, wl))
     plan, report = auto_plan(hw, wl, cap)
     lines = report.lines()
     print("\n".join(lines))

@@ -119,7 +119,7 @@ from slidedp.exec.template import Template
 from slidedp.exec.window import Window
 from slidedp.graph.build import build_graph
 from slidedp.graph.tasks import Kind
-from slidedp.graph.timeline import Record, Timeline
+from slidedp.graph.timeline import Record, Timeline, union_intervals
 from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import ActivationPolicy, Plan
 from slidedp.spec.workload import Workload
@@ -686,15 +686,4 @@ def channel_busy_s(timeline: Timeline) -> dict[str, float]:
     by: dict[str, list[tuple[float, float]]] = {}
     for r in timeline.records:
         by.setdefault(r.channel, []).append((r.start_s, r.end_s))
-    out = {}
-    for ch, iv in by.items():
-        iv.sort()
-        total, cs, ce = 0.0, iv[0][0], iv[0][1]
-        for s, e in iv[1:]:
-            if s > ce:
-                total += ce - cs
-                cs, ce = s, e
-            else:
-                ce = max(ce, e)
-        out[ch] = total + ce - cs
-    return out
+    return {ch: sum(e - s for s, e in union_intervals(iv)) for ch, iv in by.items()}

@@ -16,6 +16,17 @@ from pathlib import Path
 from slidedp.graph.tasks import KIND_CHANNEL, Kind
 
 
+def union_intervals(intervals) -> list[tuple[float, float]]:
+    """The union of (start, end) intervals, as disjoint sorted (start, end) pairs."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
 @dataclass(frozen=True)
 class Record:
     iteration: int

@@ -155,8 +155,7 @@ def auto_plan(
     rep = PolicyReport(cap_bytes=min(cap_bytes, hardware.gpu.hbm_bytes))
     base = default_plan(hw.fabric.kind)
     try:
-        check_fits(hw, wl, base)
-        rep.default_route_s = simulate(hw, wl, base).step_time_s
+        rep.default_route_s = simulate(hw, wl, base).step_time_s  # checks the fit first
     except InfeasiblePlan:
         rep.notes.append("the default plan does not fit the cap")
     rep.routes = _route_ranking(hw, wl, base, probe, rep.notes)

@@ -17,7 +17,6 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from slidedp.model.memory import check_fits
 from slidedp.model.predict import predict
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan
@@ -70,10 +69,10 @@ def rank(
     scored = []
     for p in plans:
         try:
-            check_fits(hw, wl, p)
+            analytic_s = predict(hw, wl, p).step_time_s  # predict checks the fit first
         except InfeasiblePlan:
             continue
-        scored.append(Scored(p, predict(hw, wl, p).step_time_s))
+        scored.append(Scored(p, analytic_s))
     scored.sort(key=lambda s: s.analytic_s)
     top = [
         replace(s, simulated_s=simulate(hw, wl, s.plan, check_memory=False).step_time_s)

@@ -160,8 +160,10 @@ class FluidShare:
             return  # superseded by a later rate change
         self._advance()
         tol = TIME_EPS * max(1.0, self.env.now)
-        done = [f for f in self.flows if f is self.next_flow or f.rem_s <= f.speed * tol]
-        self.flows = [f for f in self.flows if not (f is self.next_flow or f.rem_s <= f.speed * tol)]
+        done, running = [], []
+        for f in self.flows:
+            (done if f is self.next_flow or f.rem_s <= f.speed * tol else running).append(f)
+        self.flows = running
         if self.slowed == 0:
             for f in done:
                 self._add_load(f, -1.0)

@@ -38,7 +38,7 @@ def to_json(res: SimResult, wl: Workload, plan: Plan) -> dict:
         "gpu_memory_terms": gpu, "host_memory_terms": hostm,
         "n_tasks": res.graph.n_tasks, "n_edges": res.graph.n_edges, "elapsed_s": res.run.wall_s,
         "bound_by": "gpu" if c >= h else "host",
-        "analytic": {"step_time_s": max(res.analytic["lower_bound_s"], res.analytic["critical_path_s"]),
+        "analytic": {"step_time_s": res.analytic_step_s,
                      **res.analytic},
         "step_times_s": res.step_times_s, "steady_iterations": res.steady_iterations,
         "exposed_by_channel_s": res.exposed_by_channel_s, "critical_rank": res.critical_rank,

@@ -67,6 +67,11 @@ class SimResult:
     def tokens_per_s(self) -> float:
         return self.tokens_per_step / self.step_time_s
 
+    @property
+    def analytic_step_s(self) -> float:
+        """The analytic model's step on the same graph: max(lower bound, critical-path step)."""
+        return max(self.analytic["lower_bound_s"], self.analytic["critical_path_s"])
+
     # ---- busy and utilization in the window
     @cached_property
     def _overlap(self) -> np.ndarray:

@@ -41,7 +41,7 @@ def _row(res, **keys) -> dict:
         "compute_s": res.compute_s, "host_s": res.host[1], "host_resource": res.host[0],
         "host_idle_s": sum(exp.get(c, 0.0) for c in HOST_CHANNELS),
         "gpu_idle_s": sum(exp.values()),
-        "analytic_step_s": max(res.analytic["lower_bound_s"], res.analytic["critical_path_s"]),
+        "analytic_step_s": res.analytic_step_s,
         **{f"idle_{c.lower()}_s": v for c, v in exp.items()}}
 
 

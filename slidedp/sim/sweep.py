@@ -118,7 +118,7 @@ def run_sweep(spec: SweepSpec, progress: Callable | None = None) -> list[dict]:
         exp = res.exposed_by_channel_s
         rows.append(row | {
             "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s,
-            "analytic_step_s": max(res.analytic["lower_bound_s"], res.analytic["critical_path_s"]),
+            "analytic_step_s": res.analytic_step_s,
             "compute_s": res.compute_s, "host_s": res.host[1], "host_resource": res.host[0],
             "gpu_idle_s": sum(exp.values()),
             **{f"idle_{k.lower()}_s": v for k, v in exp.items()}, "error": ""})

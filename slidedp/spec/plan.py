@@ -166,3 +166,14 @@ def default_plan(fabric_kind: str) -> Plan:
     would share the PCIe links with the uploads (method.md section 3)."""
     route = ParamRoute.REPLICATED if fabric_kind == "pcie" else ParamRoute.SHARDED
     return Plan(param_route=route)
+
+
+def plan_dict(plan: Plan) -> dict:
+    """Every plan field as TOML-ready values (enums as strings, tuples as lists), as parse_plan
+    reads them back."""
+    out = {}
+    for f in fields(Plan):
+        v = getattr(plan, f.name)
+        out[f.name] = [str(x) for x in v] if isinstance(v, tuple) else (
+            str(v) if hasattr(v, "value") else v)
+    return out

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import ModelSpec, load_model
-from slidedp.spec.plan import Plan, parse_plan
+from slidedp.spec.plan import Plan, parse_plan, plan_dict
 from slidedp.spec.tomlio import Table, read_toml
 from slidedp.spec.workload import Workload
 
@@ -101,16 +101,6 @@ def parse_cases(data: dict, where: str) -> list[Case]:
 
 def load_cases(path: str | Path) -> list[Case]:
     return parse_cases(read_toml(path), str(path))
-
-
-def plan_dict(plan: Plan) -> dict:
-    """Every plan field as TOML-ready values (enums as strings, tuples as lists)."""
-    out = {}
-    for f in fields(Plan):
-        v = getattr(plan, f.name)
-        out[f.name] = [str(x) for x in v] if isinstance(v, tuple) else (
-            str(v) if hasattr(v, "value") else v)
-    return out
 
 
 def case_toml(case: Case, comment: str = "") -> str:

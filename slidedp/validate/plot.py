@@ -16,20 +16,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from slidedp.graph.tasks import Channel  # noqa: E402
-from slidedp.graph.timeline import Timeline  # noqa: E402
+from slidedp.graph.timeline import Timeline, union_intervals  # noqa: E402
 from slidedp.sim.plot import COLOURS  # noqa: E402
 
 
 def channel_intervals(tl: Timeline, channel: str) -> list[tuple[float, float]]:
     """The union of a channel's task intervals, as disjoint sorted (start, end) pairs."""
-    iv = sorted((r.start_s, r.end_s) for r in tl.records if r.channel == channel)
-    out: list[list[float]] = []
-    for s, e in iv:
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+    return union_intervals((r.start_s, r.end_s) for r in tl.records if r.channel == channel)
 
 
 def overlay(measured: Timeline, simulated: Timeline, path: str | Path, title: str = "") -> None:
