@@ -108,3 +108,18 @@ def test_model_from_directory(tmp_path):
     shutil.copy(preset_dir().parent / "models" / "qwen3-4b.json", d / "config.json")
     out = run("predict", "--model", str(d), "--json", check_rc=0)
     assert json.loads(out.stdout)["step_time_s"] > 0
+
+
+def test_predict_starts_without_torch():
+    """`slidedp predict` (and the CLI itself) never import torch or transformers: start-up stays
+    well under the 2 s answer time."""
+    code = (
+        "import sys\n"
+        "for mod in ('torch', 'transformers'):\n"
+        "    sys.modules[mod] = None\n"
+        "from slidedp.cli import main\n"
+        "sys.exit(main(['predict', '--json']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["step_time_s"] > 0

@@ -23,25 +23,20 @@ import os
 import time
 import tomllib
 from pathlib import Path
-
-import torch
-from tqdm import tqdm
+from typing import TYPE_CHECKING
 
 from slidedp.commands.common import add_plan_options, resolve
-from slidedp.exec.adamw import AdamWConfig
-from slidedp.exec.dist import DistSession, is_rank_process, launch
-from slidedp.exec.io import open_model_source
+from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
-from slidedp.exec.trainer import (
-    BASE_HARDWARE,
-    DTYPES,
-    TrainConfig,
-    Trainer,
-    local_hardware,
-    preflight,
-)
 from slidedp.spec.errors import SpecError
 from slidedp.spec.tomlio import read_toml
+
+if TYPE_CHECKING:
+    from slidedp.exec.dist import DistSession
+    from slidedp.exec.trainer import TrainConfig
+
+# torch, transformers and the executor are imported where a run needs them, so that every other
+# command (`slidedp predict` above all) starts without paying for them
 
 DEVICES = ("cpu", "cuda")
 DEFAULTS = {
@@ -58,7 +53,7 @@ INTS = {"seq", "global_batch", "micro_batch", "nproc", "timeout", "steps", "warm
         "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers"}
 FLOATS = {"lr", "weight_decay", "eps", "grad_clip", "chunk_mib", "offload_ratio"}
 BOOLS = {"no_shuffle", "resume", "host_bf16_copy"}
-CHOICES = {"lr_schedule": SCHEDULES, "dtype": tuple(DTYPES), "device": DEVICES}
+CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0}
 
 
@@ -81,7 +76,7 @@ def register(sub) -> None:
     g.add_argument("--timeout", type=int, help="seconds a rank waits for the others before the "
                    "job fails (default 1800; a failed or dead rank stops the job at once)")
     g.add_argument("--device", choices=DEVICES, help="default: cuda when available, else cpu")
-    g.add_argument("--dtype", choices=tuple(DTYPES),
+    g.add_argument("--dtype", choices=COMPUTE_DTYPES,
                    help="compute and export dtype (default: bfloat16 on cuda, float32 on cpu)")
     g.add_argument("--seed", type=int, help="random init and data order (default 0)")
     g.add_argument("--no-shuffle", action="store_true", help="read the data in file order")
@@ -165,6 +160,8 @@ def resolve_options(args: argparse.Namespace) -> dict:
         opts[k] = _check(k, v, f"override {item}")
     if opts["out"] is None:
         raise SpecError("command line", "--out", "an output directory (required)")
+    import torch
+
     if opts["device"] is None:
         opts["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     if opts["device"] == "cuda" and not torch.cuda.is_available():
@@ -185,6 +182,12 @@ def format_config(opts: dict) -> str:
 def build(opts: dict):
     """(TrainConfig, ModelSource) from resolved options; SpecErrors name the option or file.
     The workload spans opts["nproc"] ranks (global batch = micro-batch x ranks x accumulation)."""
+    import torch
+
+    from slidedp.exec.adamw import AdamWConfig
+    from slidedp.exec.io import open_model_source
+    from slidedp.exec.trainer import BASE_HARDWARE, TrainConfig, local_hardware
+
     ranks, mb, gb = opts["nproc"], opts["micro_batch"], opts["global_batch"]
     if gb % (mb * ranks):
         raise SpecError("command line", "global_batch", f"a multiple of micro_batch x nproc = "
@@ -215,6 +218,9 @@ def build(opts: dict):
 
 
 def run(args: argparse.Namespace) -> int:
+    from slidedp.exec.dist import DistSession, is_rank_process, launch
+    from slidedp.exec.trainer import preflight
+
     opts = resolve_options(args)
     if is_rank_process():  # started by the launch below (or by torchrun directly)
         opts["nproc"] = int(os.environ["WORLD_SIZE"])
@@ -236,6 +242,10 @@ def run(args: argparse.Namespace) -> int:
 
 def train(cfg: TrainConfig, source, session: DistSession | None = None) -> int:
     """Run the Trainer; the lead process (see Trainer) prints and shows the progress bar."""
+    from tqdm import tqdm
+
+    from slidedp.exec.trainer import Trainer
+
     t0 = time.perf_counter()
     with Trainer(cfg, source, session) as tr:
         lead = tr.lead

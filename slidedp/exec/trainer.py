@@ -42,6 +42,7 @@ from slidedp.exec.checkpoint import (
 )
 from slidedp.exec.data import Batches, open_tokens
 from slidedp.exec.dist import DistSession
+from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.engine import Engine, StepResult
 from slidedp.exec.host_state import HostState
 from slidedp.exec.io import ModelSource, export_hf
@@ -53,7 +54,7 @@ from slidedp.spec.hardware import HardwareSpec, load_hardware
 from slidedp.spec.plan import Plan
 from slidedp.spec.workload import Workload
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in COMPUTE_DTYPES}
 MEMINFO = Path("/proc/meminfo")
 KIB = 1024
 BASE_HARDWARE = "h200x1"  # local_hardware() replaces its memory sizes and core count
