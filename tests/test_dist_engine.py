@@ -298,6 +298,7 @@ def test_i3_no_delivery_before_the_previous_update(run):
 
 
 _PSS = {}
+ALLOC_SLACK_KIB = 64 * 1024
 
 
 def test_host_pss_holds_one_state_whatever_r(run):
@@ -309,8 +310,11 @@ def test_host_pss_holds_one_state_whatever_r(run):
 
 def _check_pss(run) -> int:
     """Summed over the ranks, the shared memory's PSS is the state once plus the shared rings,
-    and each rank's private PSS grows by bounded buffers well below the state (a per-rank copy
-    of the state would break both bounds)."""
+    and each rank's private PSS grows by bounded buffers below the state (a per-rank copy of the
+    state would break both bounds). The private bound allows ALLOC_SLACK_KIB on top of half the
+    state: malloc arenas of a rank's threads and gloo buffers, independent of the model, varied
+    between 27 and 98 MiB over runs on the 2-core CI machine; a copy of the state (185 MiB here,
+    plus the rank's own buffers) still breaks it."""
     R, ranks, _, _ = run
     pss = [rk["pss"] for rk in ranks]
     state_kib, rings_kib = pss[0]["state_bytes"] / 1024, pss[0]["rings_bytes"] / 1024
@@ -320,7 +324,7 @@ def _check_pss(run) -> int:
     print(f"R={R}: state {state_kib:.0f} KiB, shared rings {rings_kib:.0f} KiB, PSS growth "
           f"{growth} KiB, shmem {shmem} KiB, private growth per rank {anon} KiB")
     assert 0.9 * state_kib <= shmem <= state_kib + rings_kib + 1024
-    assert all(a < 0.5 * state_kib for a in anon)
+    assert all(a < 0.5 * state_kib + ALLOC_SLACK_KIB for a in anon)
     assert growth < state_kib * (1 + 0.5 * R)
     return growth
 
