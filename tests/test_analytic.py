@@ -1,13 +1,12 @@
 """The analytic model: traffic formulas, bounds vs critical path, monotonicity, exact cases, purity."""
 
 import dataclasses
-import subprocess
-import sys
 import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from isolation import run_without
 from strategies import small_plans, small_workloads
 
 from slidedp.graph import build_graph
@@ -166,15 +165,9 @@ def test_predict_fast_for_every_preset(name):
 
 
 def test_analytic_model_imports_no_torch_simpy_ortools():
-    code = (
-        "import sys\n"
-        "for mod in ('torch', 'simpy', 'ortools'):\n"
-        "    sys.modules[mod] = None\n"
-        "import slidedp.model, slidedp.model.predict, slidedp.graph\n"
-        "from slidedp.commands import predict\n"
-        "print('ok')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = run_without(("torch", "simpy", "ortools"),
+                      "import slidedp.model, slidedp.model.predict, slidedp.graph\n"
+                      "from slidedp.commands import predict\n")
     assert out.returncode == 0, out.stderr
 
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from isolation import run_without
 
 from slidedp.spec.hardware import preset_dir
 
@@ -113,13 +114,7 @@ def test_model_from_directory(tmp_path):
 def test_predict_starts_without_torch():
     """`slidedp predict` (and the CLI itself) never import torch or transformers: start-up stays
     well under the 2 s answer time."""
-    code = (
-        "import sys\n"
-        "for mod in ('torch', 'transformers'):\n"
-        "    sys.modules[mod] = None\n"
-        "from slidedp.cli import main\n"
-        "sys.exit(main(['predict', '--json']))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = run_without(("torch", "transformers"),
+                      "from slidedp.cli import main\nsys.exit(main(['predict', '--json']))\n")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["step_time_s"] > 0
