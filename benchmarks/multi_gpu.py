@@ -5,7 +5,8 @@ Run under torchrun (R > 1) or plainly (R = 1, no process group):
   PYTHONPATH=$PWD python3 benchmarks/multi_gpu.py OUT.jsonl MODEL CASE [CASE ...]
   PYTHONPATH=$PWD python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
       benchmarks/multi_gpu.py OUT.jsonl MODEL CASE [CASE ...]
-CASE = GLOBAL_BATCH:MICRO_BATCH:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING, e.g. 8:4:sharded:gpu:rank0,
+CASE = GLOBAL_BATCH:MICRO_BATCH:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING[:FIELD=VALUE...], e.g.
+8:4:sharded:gpu:rank0 or 8:4:sharded:gpu:rank0:window_slots=36 (any Plan field, value as TOML),
 or ref:MICRO_BATCH for the compute-only reference (one process, before the host state exists).
 The host state (random weights, slidedp.validate.runner.fill_random) is built once and trained
 through every case in turn; each case runs `--iters` steps, the mean of the steps after
@@ -21,6 +22,7 @@ import json
 import os
 import sys
 import time
+import tomllib
 
 import torch
 
@@ -29,9 +31,19 @@ from compute_reference import reference_step_s  # noqa: E402
 from single_gpu import GIB, step_flops  # noqa: E402
 
 from slidedp.spec.model import load_model  # noqa: E402
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding  # noqa: E402
+from slidedp.spec.plan import Plan, parse_plan, plan_dict  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
 from slidedp.validate.runner import measure, random_host_state  # noqa: E402
+
+
+def parse_case(case: str) -> tuple[int, int, Plan]:
+    """(global batch, micro-batch, plan) of GB:MB:PARAM:GRAD:UPDATE[:FIELD=VALUE...]."""
+    gb, mb, pr, gr, us, *extra = case.split(":")
+    table = {"param_route": pr, "grad_route": gr, "update_sharding": us}
+    for item in extra:
+        key, _, text = item.partition("=")
+        table[key] = tomllib.loads(f"v = {text}")["v"]
+    return int(gb), int(mb), parse_plan({"plan": table}, f"case {case!r}")
 
 
 def main() -> int:
@@ -76,15 +88,14 @@ def main() -> int:
 
     hs = random_host_state(cfg, None, sess)
     for case in [c for c in a.cases if not c.startswith("ref:")]:
-        gb, mb, pr, gr, us = case.split(":")
-        wl = Workload(spec, a.seq, int(gb), int(mb), R)
-        plan = Plan(param_route=ParamRoute(pr), grad_route=GradRoute(gr),
-                    update_sharding=UpdateSharding(us))
+        gb, mb, plan = parse_case(case)
+        pr, gr, us = str(plan.param_route), str(plan.grad_route), str(plan.update_sharding)
+        wl = Workload(spec, a.seq, gb, mb, R)
         m = measure(cfg, wl, plan, hs, device=a.device, iters=a.iters, discard=a.discard,
                     session=sess)
         gpu_peak = None if m.gpu_peak_bytes is None else m.gpu_peak_bytes / GIB
         emit({"case": case, "global_batch": wl.global_batch, "micro_batch": wl.micro_batch,
-              "accum": wl.accum_steps, "param_route": pr, "grad_route": gr, "update_sharding": us,
+              "accum": wl.accum_steps, "plan": plan_dict(plan), "param_route": pr, "grad_route": gr, "update_sharding": us,
               "step_s": m.step_time_s, "all_steps_s": [round(x, 4) for x in m.all_steps_s],
               "tokens_per_s": wl.tokens_per_step / m.step_time_s,
               "tflops_per_gpu": step_flops(spec, wl) / m.step_time_s / R / 1e12,

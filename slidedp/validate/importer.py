@@ -5,7 +5,8 @@ A provenance file (TOML; paths relative to it) says where each results file came
     [[source]]
     results = "../benchmarks/results/2026-11-30-h200x2-qwen3-8b-r1.jsonl"
     format = "multi_gpu"          # benchmarks/multi_gpu.py JSONL | "single_gpu" (single_gpu.py JSON)
-    prefix = "h200x2-qwen3-8b"    # case folder = <prefix>-r<R>-gb<G>-mb<M>-<param>-<grad>-<update>[-bf16copy]
+    prefix = "h200x2-qwen3-8b"    # case folder = <prefix>-r<R>-gb<G>-mb<M>-<param>-<grad>-<update>
+                                  #   [-bf16copy][-w<window>][-c<chunk MiB>] (non-default fields)
     machine = "nvidia-h200-x2"    # the lent machine kind
     discard = 3                   # steps discarded before the mean (the benchmark's --discard)
     command = "..."               # the command that measured it (benchmarks/RESULTS.md)
@@ -24,7 +25,7 @@ import os
 from pathlib import Path
 
 from slidedp.spec.errors import SpecError
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
+from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding, parse_plan
 from slidedp.spec.tomlio import Table, read_toml
 from slidedp.validate import store
 from slidedp.validate.cases import Case
@@ -39,7 +40,11 @@ def case_name(prefix: str, c: Case) -> str:
     p = c.plan
     name = (f"{prefix}-r{c.gpus}-gb{c.global_batch}-mb{c.micro_batch}-{p.param_route}-"
             f"{p.grad_route}-{p.update_sharding}")
-    return name + ("-bf16copy" if p.host_bf16_copy else "")
+    default = Plan()
+    name += "-bf16copy" if p.host_bf16_copy else ""
+    name += f"-w{p.window_slots}" if p.window_slots != default.window_slots else ""
+    name += f"-c{p.h2d_chunk_mib:g}" if p.h2d_chunk_mib != default.h2d_chunk_mib else ""
+    return name
 
 
 def _multi_gpu(path: Path) -> list[tuple[Case, dict]]:
@@ -49,8 +54,9 @@ def _multi_gpu(path: Path) -> list[tuple[Case, dict]]:
         d = json.loads(line)
         if "step_s" not in d:
             continue
-        plan = Plan(param_route=ParamRoute(d["param_route"]), grad_route=GradRoute(d["grad_route"]),
-                    update_sharding=UpdateSharding(d["update_sharding"]))
+        plan = (parse_plan({"plan": d["plan"]}, f"{path}: case {d['case']}") if "plan" in d else
+                Plan(param_route=ParamRoute(d["param_route"]), grad_route=GradRoute(d["grad_route"]),
+                     update_sharding=UpdateSharding(d["update_sharding"])))
         case = Case("", d["model"], d["seq"], d["ranks"], d["global_batch"], d["micro_batch"], plan)
         scope = "last step" + (", rank 0's tasks only (benchmarks/multi_gpu.py)" if d["ranks"] > 1 else "")
         out.append((case, {
