@@ -2,19 +2,22 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import slidedp.policy.auto as auto
+from slidedp.model.memory import check_fits
 from slidedp.policy.activations import place, profile_policies, shortlist
-from slidedp.policy.auto import auto_plan
+from slidedp.policy.auto import auto_plan, capped
 from slidedp.policy.milp import PolicyData, brute_force, memory_bytes, solve, step_cost_s
+from slidedp.policy.routes import window_candidates
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import load_plan
+from slidedp.spec.plan import ParamRoute, Plan, load_plan
 from slidedp.spec.workload import Workload
 
 GIB = 2**30
@@ -84,22 +87,77 @@ def test_auto_plan_fits_the_cap_and_reports():
     hw, wl = _tiny()
     plan, rep = auto_plan(hw, wl, 40 * GIB)
     assert len(plan.layer_policies) == wl.model.n_layers
-    assert sum(rep.counts.values()) == wl.model.n_layers
+    assert sum(rep.chosen.activations.counts.values()) == wl.model.n_layers
     assert rep.selection_s > 0 and any("selection took" in x for x in rep.lines())
-    assert any("no probe given" in n for n in rep.notes)
+    assert any("no real probe" in x for x in rep.lines())
 
 
-def test_probe_hook_reorders_routes():
+def test_windows_are_candidates_up_to_the_largest_that_fits():
+    hw = load_hardware("h200x1")
+    wl = Workload(load_model("qwen3-8b"), 4096, 4, 4, 1)
+    base = Plan(param_route=ParamRoute.REPLICATED)
+    assert window_candidates(hw, wl, base) == [3, 19, 36]  # W = L fits 141 GiB
+    tight = capped(hw, 24 * GIB)  # 18.4 GiB at 3 slots, 0.36 GiB per slot more
+    ws = window_candidates(tight, wl, base)
+    assert len(ws) == 3 and ws[0] == 3 and 3 < ws[-1] < 36 and ws[1] == (3 + ws[-1]) // 2
+    fits = replace(base, window_slots=ws[-1], layer_policies=("layer",) * 36)
+    check_fits(tight, wl, fits)  # the largest fits, one more slot does not
+    with pytest.raises(InfeasiblePlan):
+        check_fits(tight, wl, replace(fits, window_slots=ws[-1] + 1))
+
+
+def test_spare_memory_goes_to_the_window_when_uploads_are_exposed():
+    """Host-bound Qwen3-8B on one H200: W = L saves the second upload (simulated ~12%)."""
+    hw = load_hardware("h200x1")
+    wl = Workload(load_model("qwen3-8b"), 4096, 4, 4, 1)
+    plan, rep = auto_plan(hw, wl, hw.gpu.hbm_bytes)
+    assert plan.window_slots == wl.model.n_layers
+    windows = {f.route.plan.window_slots for f in rep.finalists}
+    assert windows == {3, 19, 36}
+    by_w = {f.route.plan.window_slots: f.score_s for f in rep.finalists}
+    assert by_w[36] < by_w[3] * 0.95
+    assert any("window 36 over 3 slots saves" in x for x in rep.lines())
+
+
+def test_probes_decide_between_finalists_and_say_so():
     hw, wl = _tiny()
     seen = []
 
-    def probe(plan):
-        seen.append(plan.h2d_chunk_mib)
-        return 1.0 / plan.h2d_chunk_mib  # pretend: the biggest chunk measures fastest
+    def probe(plan):  # pretend: the biggest window with the biggest chunk measures fastest
+        seen.append(plan)
+        return 1.0 / (plan.window_slots * plan.h2d_chunk_mib)
 
-    plan, rep = auto_plan(hw, wl, 40 * GIB, probe=probe)
-    assert len(seen) == 2 and rep.routes[0].measured_s == min(1.0 / c for c in seen)
-    assert not any("no probe" in n for n in rep.notes)
+    plan, rep = auto_plan(hw, wl, 40 * GIB, probe=probe, probe_device="fake")
+    routes = [p for p in seen if not p.layer_policies]  # every finalist's route, all `layer`
+    assert len(routes) == len(rep.finalists) >= 2
+    assert all(f.route.measured_s is not None for f in rep.finalists)
+    if rep.chosen.activations.counts != {"layer": wl.model.n_layers}:  # and the chosen plan
+        assert seen[-1] == plan and rep.chosen.plan_measured_s == probe(plan)
+    best = max(routes, key=lambda p: p.window_slots * p.h2d_chunk_mib)
+    assert (plan.window_slots, plan.h2d_chunk_mib) == (best.window_slots, best.h2d_chunk_mib)
+    text = "\n".join(rep.lines())
+    assert "probes on fake:" in text and "no real probe" not in text
+
+
+def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
+    hw, wl = _tiny()
+    plan, rep = auto_plan(
+        hw, wl, 40 * GIB, probe=lambda p: None if p.window_slots == 3 else 1.0,
+        probe_device="fake", calibrate=lambda ref, name: -1.0 if name == "none" else None)
+    assert all(f.route.plan.window_slots != 3 for f in rep.finalists)
+    assert any("refused" in n for n in rep.notes)
+    taus = rep.chosen.activations.taus_s
+    assert taus["none"] == pytest.approx(taus["layer"] - 1.0)  # tau_0 + measured delta
+    assert rep.measured_taus == {"none"}
+    assert rep.chosen.activations.counts == {"none": wl.model.n_layers}  # measured: far cheaper
+    assert any("simulated, not measured" in n for n in rep.notes)
+
+
+def test_runs_policy_limits_the_activation_policies():
+    hw, wl = _tiny()
+    plan, rep = auto_plan(hw, wl, 40 * GIB, runs_policy=lambda name: name == "layer")
+    assert set(rep.chosen.activations.taus_s) == {"layer"}
+    assert plan.layer_policies == ("layer",) * wl.model.n_layers
 
 
 def test_fallback_when_the_milp_finds_nothing(monkeypatch):
@@ -107,7 +165,7 @@ def test_fallback_when_the_milp_finds_nothing(monkeypatch):
     monkeypatch.setattr(auto, "solve", lambda *a, **k: None)
     plan, rep = auto_plan(hw, wl, 40 * GIB)
     assert plan.layer_policies == ("layer",) * wl.model.n_layers
-    assert any("fell back" in n for n in rep.notes)
+    assert any("fell back" in x for x in rep.lines())
 
 
 def test_cap_too_small_says_it_cannot_fit():

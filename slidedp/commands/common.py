@@ -29,9 +29,10 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: micro-batch x gpus)")
 
 
-def add_plan_options(p: argparse.ArgumentParser) -> None:
+def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g = p.add_argument_group("plan (override the --plan file)")
-    g.add_argument("--plan", help="plan TOML file ([plan] table)")
+    g.add_argument("--plan", help="plan TOML file ([plan] table)" + (
+        ", or `auto`: AutoPolicy chooses it (slidedp/commands/autoplan.py)" if auto else ""))
     g.add_argument("--param-route", choices=[e.value for e in ParamRoute])
     g.add_argument("--grad-route", choices=[e.value for e in GradRoute])
     g.add_argument("--update-sharding", choices=[e.value for e in UpdateSharding])

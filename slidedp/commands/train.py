@@ -7,6 +7,9 @@ configuration is printed at start as a TOML table that --config accepts back.
 The defaults train the tiny-qwen3 preset on the bundled tiny-markov data (seq 64) for 100 steps
 (a few seconds on a CPU); for a real model set at least --model, --data, --seq and --lr.
 
+--plan auto: AutoPolicy chooses the plan first (commands/autoplan.py: hardware, cap, probes)
+and writes OUT/plan.toml and OUT/plan-report.txt.
+
 --nproc R > 1 trains data-parallel in R rank processes on this host (GPUs: NCCL, one GPU each;
 CPU: gloo): this process checks the options, the fit and --out (bad input: one line, exit 2),
 then starts the ranks with torchrun (exec/dist/launch.py), passing them the resolved options,
@@ -25,6 +28,7 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slidedp.commands.autoplan import AUTO, select_plan
 from slidedp.commands.common import add_plan_options, resolve
 from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
@@ -45,13 +49,14 @@ DEFAULTS = {
     "weight_decay": 0.01, "betas": [0.9, 0.95], "eps": 1e-8, "lr_schedule": "cosine",
     "warmup_steps": 10, "grad_clip": None, "dtype": None, "device": None, "seed": 0,
     "no_shuffle": False, "checkpoint_every": 0, "keep_checkpoints": 2, "resume": False,
-    "trace": None, "hardware": None, "plan": None,
+    "trace": None, "hardware": None, "plan": None, "gpu_memory_cap_gib": None,
     "param_route": None, "grad_route": None, "update_sharding": None, "chunk_mib": None,
     "window_slots": None, "offload_ratio": None, "update_workers": None, "host_bf16_copy": None,
 }
 INTS = {"seq", "global_batch", "micro_batch", "nproc", "timeout", "steps", "warmup_steps", "seed",
         "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers"}
-FLOATS = {"lr", "weight_decay", "eps", "grad_clip", "chunk_mib", "offload_ratio"}
+FLOATS = {"lr", "weight_decay", "eps", "grad_clip", "chunk_mib", "offload_ratio",
+          "gpu_memory_cap_gib"}
 BOOLS = {"no_shuffle", "resume", "host_bf16_copy"}
 CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0}
@@ -80,7 +85,10 @@ def register(sub) -> None:
                    help="compute and export dtype (default: bfloat16 on cuda, float32 on cpu)")
     g.add_argument("--seed", type=int, help="random init and data order (default 0)")
     g.add_argument("--no-shuffle", action="store_true", help="read the data in file order")
-    g.add_argument("--hardware", help="preset or TOML for the memory check (default: this machine)")
+    g.add_argument("--hardware", help="preset or TOML for the memory check and --plan auto "
+                   "(default: this machine; see below)")
+    g.add_argument("--gpu-memory-cap-gib", type=float,
+                   help="with --plan auto: GPU memory per GPU the plan may use")
     o = p.add_argument_group("optimizer")
     o.add_argument("--lr", type=float, help="peak learning rate (default 3e-3: the demo's)")
     o.add_argument("--weight-decay", type=float, help="AdamW decoupled decay (default 0.01)")
@@ -96,7 +104,7 @@ def register(sub) -> None:
     c.add_argument("--keep-checkpoints", type=int, help="newest checkpoints kept (default 2)")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     c.add_argument("--trace", help="write the last step's measured Timeline as a Chrome trace")
-    add_plan_options(p)
+    add_plan_options(p, auto=True)
     p.set_defaults(func=run)
 
 
@@ -231,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
             cfg, source = build(opts)
             return train(cfg, source, sess)
     print(format_config(opts), flush=True)
+    if opts["plan"] == AUTO:  # the rank processes below read the chosen plan's file
+        opts["plan"] = str(select_plan(opts))
     cfg, source = build(opts)
     if opts["nproc"] == 1:
         return train(cfg, source)

@@ -8,7 +8,10 @@ marginal_costs() tau_j per policy with the simulator: replace the k_j tail layer
                  all-`layer` reference plan by policy j and
                      tau_j = tau_0 + (T_j(k_j) - T_0) / k_j,   tau_0 = T_0 / L
                  (method.md section 7 step 4; the published design measures T_j on a reduced real
-                 pipeline, we simulate the whole one). Memory is not checked here: the MILP does.
+                 pipeline, we simulate the whole one). Where a real probe measured a policy's
+                 marginal seconds per layer in a reduced pipeline (Calibrate, policy/probe.py),
+                 that replaces the simulated (T_j(k_j) - T_0) / k_j. Memory is not checked here:
+                 the MILP does.
 place()          counts -> per-layer policies: contiguous blocks ordered by retained bytes, the
                  lightest at the head, the GPU-retained (heaviest) at the decoder's tail, where
                  backward reaches them first and frees them soonest.
@@ -16,6 +19,7 @@ place()          counts -> per-layer policies: contiguous blocks ordered by reta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from slidedp.sim.simulator import simulate
@@ -23,6 +27,10 @@ from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
 from slidedp.spec.segments import ALL_KEPT, LayerPolicy, policy_cost, recompute_fraction
 from slidedp.spec.workload import Workload
+
+# (all-`layer` reference plan, policy) -> measured seconds per step one layer on `policy` adds
+# over `layer`, or None where the executor does not run the policy
+Calibrate = Callable[[Plan, str], float | None]
 
 
 @dataclass(frozen=True)
@@ -79,18 +87,27 @@ def tail_plan(plan: Plan, n_layers: int, policy: str, k: int) -> Plan:
 
 
 def marginal_costs(
-    hw: HardwareSpec, wl: Workload, reference: Plan, names: list[str], k_layers: int
+    hw: HardwareSpec,
+    wl: Workload,
+    reference: Plan,
+    names: list[str],
+    k_layers: int,
+    measured: dict[str, float] | None = None,
 ) -> tuple[float, dict[str, float]]:
-    """(T_0, tau_j per policy name) by simulation (module docstring); `reference` is all-layer."""
+    """(T_0, tau_j per policy name) by simulation (module docstring); `reference` is all-layer;
+    `measured`: marginal seconds per layer over `layer` measured by real probes, used as is."""
     L = wl.model.n_layers
     k = max(1, min(L, k_layers))
+    measured = measured or {}
     t0 = simulate(hw, wl, tail_plan(reference, L, "layer", 0), check_memory=False).step_time_s
     tau0 = t0 / L
     taus = {}
     for name in names:
         if name == "layer":
             taus[name] = tau0
-            continue
-        tj = simulate(hw, wl, tail_plan(reference, L, name, k), check_memory=False).step_time_s
-        taus[name] = tau0 + (tj - t0) / k
+        elif name in measured:
+            taus[name] = tau0 + measured[name]
+        else:
+            tj = simulate(hw, wl, tail_plan(reference, L, name, k), check_memory=False).step_time_s
+            taus[name] = tau0 + (tj - t0) / k
     return t0, taus

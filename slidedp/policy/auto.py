@@ -1,97 +1,59 @@
-"""AutoPolicy: choose routes, chunk sizes and per-layer activation policies for a GPU memory cap.
+"""AutoPolicy: choose routes, chunk sizes, the window and per-layer activation policies for a GPU
+memory cap.
 
 auto_plan(hardware, workload, cap_bytes) -> (Plan, PolicyReport), method.md section 7 with the
-simulator in place of the published design's 20 minutes of real probes:
-  1-2  routes.rank: route x chunk x update-sharding candidates, analytic pre-filter, simulated
-       ranking; `probe` (Plan -> measured s/step) is the hook for confirming the best on real
-       hardware (not called unless given).
-  3-4  activations.shortlist + marginal_costs: model-costed policies, tau_j by simulation.
-  5-6  milp.solve on the memory left by the chosen routes, activations.place.
+simulator ranking in seconds and real probes spent only on confirming the finalists:
+  1-2  routes.rank: route x chunk x update-sharding x window candidates, analytic pre-filter,
+       simulated ranking.
+       Finalists: the best route for each window size, and the runner-up.
+  3-4  activations.shortlist + marginal_costs: model-costed policies (only those `runs_policy`
+       accepts, e.g. the ones the executor runs, when given), tau_j by simulation, or measured
+       in a reduced real pipeline by `calibrate` (policy/probe.py) where the executor runs j.
+  5-6  per finalist, milp.solve on the memory its route and window leave, activations.place:
+       a bigger window trades activation memory for fewer uploads, decided on whole plans.
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
        until it fits, or InfeasiblePlan (it cannot fit the cap at all).
+  Choice: the finalist with the smallest route step minus activation saving; with `probe`
+  (Plan -> measured s/step on this device, policy/probe.py) every finalist's route is measured
+  and the measured step replaces the simulated one, and the chosen plan is measured too when its
+  policies differ (and the executor runs them): measured slower than its all-`layer` route, the
+  policy mix is rejected and every layer kept on `layer`. The report says whether the probes
+  confirmed or overturned the simulator's choice.
 The cap is applied by lowering the hardware's HBM size to min(HBM, cap) for every check.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 
 from slidedp.model.memory import check_fits, gpu_footprint
-from slidedp.policy.activations import marginal_costs, place, profile_policies, shortlist
+from slidedp.policy.activations import (
+    Calibrate,
+    PolicyProfile,
+    marginal_costs,
+    place,
+    profile_policies,
+    shortlist,
+)
 from slidedp.policy.milp import PolicyData, solve
-from slidedp.policy.routes import Probe, Scored, candidates, rank
+from slidedp.policy.report import GIB, ActivationChoice, Finalist, PolicyReport
+from slidedp.policy.routes import Probe, Scored, candidates, rank, window_candidates
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan, default_plan
 from slidedp.spec.workload import Workload
 
-GIB = 2**30
+__all__ = ["GIB", "PolicyReport", "auto_plan", "capped"]
+
 MAX_RESOLVES = 3
 BUDGET_TIGHTEN = 0.02  # fraction of the activation budget removed per re-solve
 OFFLOAD_STEPS = (0.25, 0.5, 0.75, 1.0)
 ACTIVATION_TERMS = ("checkpoints", "reload", "transient")  # the MILP's share of gpu_footprint
-
-
-@dataclass
-class PolicyReport:
-    """What AutoPolicy chose and why; lines() prints it."""
-
-    cap_bytes: float
-    routes: list[Scored] = field(default_factory=list)
-    default_route_s: float | None = None  # simulated step of default_plan, None if it does not fit
-    all_layer_s: float = 0.0  # T_0: the chosen routes, every layer `layer`
-    taus_s: dict[str, float] = field(default_factory=dict)
-    retained_bytes: dict[str, float] = field(default_factory=dict)  # m_j per layer
-    budget_bytes: float = 0.0
-    counts: dict[str, int] = field(default_factory=dict)
-    final_s: float = 0.0
-    exposure: str = ""
-    notes: list[str] = field(default_factory=list)
-    selection_s: float = 0.0
-
-    def lines(self) -> list[str]:
-        best = self.routes[0]
-        p = best.plan
-        out = [
-            f"GPU memory cap {self.cap_bytes / GIB:.1f} GiB per GPU",
-            f"routes: params {p.param_route}, grads {p.grad_route}, update {p.update_sharding}, "
-            f"chunks {p.h2d_chunk_mib:g} MiB (best of {len(self.routes)} feasible candidates; "
-            f"simulated {best.simulated_s:.3f} s/step)",
-        ]
-        if self.default_route_s is not None:
-            out.append(
-                f"  saves {self.default_route_s - best.simulated_s:+.3f} s/step against the "
-                f"default plan ({self.default_route_s:.3f} s, simulated)"
-            )
-        for s in self.routes[1:4]:
-            q = s.plan
-            out.append(
-                f"  next: {q.param_route}/{q.grad_route}/{q.update_sharding}/"
-                f"{q.h2d_chunk_mib:g} MiB  {s.best_s:.3f} s/step"
-            )
-        out.append(
-            f"activations: budget {self.budget_bytes / GIB:.2f} GiB per GPU after weights, "
-            f"buffers and runtime; all-`layer` step {self.all_layer_s:.3f} s (simulated)"
-        )
-        tau0 = self.taus_s.get("layer", 0.0)
-        for name, tau in sorted(self.taus_s.items(), key=lambda kv: self.retained_bytes[kv[0]]):
-            n = self.counts.get(name, 0)
-            out.append(
-                f"  {name:<15} retains {self.retained_bytes[name] / GIB:6.3f} GiB/layer, "
-                f"saves {1e3 * (tau0 - tau):+7.2f} ms/layer vs layer, chosen for {n} layers"
-            )
-        out.append(
-            f"chosen plan: {self.final_s:.3f} s/step simulated, "
-            f"{self.all_layer_s - self.final_s:+.3f} s against all-`layer`"
-        )
-        out.append(f"exposed: {self.exposure}")
-        out += [f"note: {n}" for n in self.notes]
-        out.append(f"selection took {self.selection_s:.1f} s")
-        return out
 
 
 def capped(hw: HardwareSpec, cap_bytes: float) -> HardwareSpec:
@@ -105,12 +67,11 @@ def activation_budget_bytes(hw: HardwareSpec, wl: Workload, plan: Plan) -> float
     return hw.gpu.hbm_bytes - sum(v for k, v in terms.items() if k not in ACTIVATION_TERMS)
 
 
-def _route_ranking(
-    hw: HardwareSpec, wl: Workload, base: Plan, probe: Probe | None, notes: list[str]
-) -> list[Scored]:
+def _route_ranking(hw: HardwareSpec, wl: Workload, base: Plan, notes: list[str]) -> list[Scored]:
     """Ranked feasible route candidates; raising the offload ratio when none fits at r = 0."""
     for r in (base.offload_ratio, *OFFLOAD_STEPS):
-        ranked = rank(hw, wl, candidates(replace(base, offload_ratio=r), wl.gpus), probe=probe)
+        b = replace(base, offload_ratio=r)
+        ranked = rank(hw, wl, candidates(b, wl.gpus, window_candidates(hw, wl, b)))
         if ranked:
             if r != base.offload_ratio:
                 notes.append(f"nothing fits without offload: offload ratio raised to {r:g}")
@@ -120,14 +81,21 @@ def _route_ranking(
     raise InfeasiblePlan("GPU memory per GPU", 0.0, hw.gpu.hbm_bytes, "no route candidate fits")
 
 
-def _solve_and_place(
-    hw: HardwareSpec,
-    wl: Workload,
-    route: Plan,
-    data: list[PolicyData],
-    budget: float,
-    notes: list[str],
-) -> Plan | None:
+def _finalist_routes(hw: HardwareSpec, wl: Workload, ranked: list[Scored]) -> list[Scored]:
+    """The best route of each window size and the overall runner-up, all simulated."""
+    picks: dict[int, Scored] = {}
+    for s in ranked:
+        picks.setdefault(s.plan.window_slots, s)
+    out = list(picks.values())
+    if len(ranked) > 1 and ranked[1] not in out:
+        out.append(ranked[1])
+    return [s if s.simulated_s is not None else
+            replace(s, simulated_s=simulate(hw, wl, s.plan, check_memory=False).step_time_s)
+            for s in out]
+
+
+def _solve_and_place(hw: HardwareSpec, wl: Workload, route: Plan, data: list[PolicyData],
+                     budget: float, notes: list[str]) -> Plan | None:
     """MILP + placement, validated on the whole model; re-solved with a tighter budget."""
     retained = {d.name: d.retained_bytes for d in data}
     for attempt in range(MAX_RESOLVES + 1):
@@ -145,59 +113,120 @@ def _solve_and_place(
     return None
 
 
+def _exposure(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[float, str]:
+    """(simulated step, which resource is exposed and where the GPU waits)."""
+    res = simulate(hw, wl, plan)
+    host, host_s = res.host
+    exposed = {k: v for k, v in res.exposed_by_channel_s.items() if v > 0}
+    idle = ", ".join(f"{k.lower()} {v:.3f} s" for k, v in sorted(exposed.items(), key=lambda kv: -kv[1]))
+    return res.step_time_s, (
+        f"{'GPU' if res.compute_s >= host_s else 'host'}-bound, compute {res.compute_s:.3f} s vs "
+        f"busiest other {host} {host_s:.3f} s per step; GPU idle {idle or 'none'}")
+
+
+def _activations(hw: HardwareSpec, wl: Workload, route: Plan, profiles: list[PolicyProfile],
+                 measured: dict[str, float]) -> ActivationChoice:
+    """Steps 3-7 on one route (module docstring)."""
+    L, notes = wl.model.n_layers, []
+    route = replace(route, layer_policies=())
+    t0, taus = marginal_costs(hw, wl, route, [p.name for p in profiles], max(1, L // 4), measured)
+    tok, tok_mb, r = wl.tokens_per_gpu_step, wl.tokens_per_micro_batch, route.offload_ratio
+    data = [
+        PolicyData(p.name, taus[p.name], (1 - r) * tok * p.retained_bytes_per_token,
+                   tok_mb * p.transient_bytes_per_token,
+                   route.reload_ahead_layers * r * tok * p.retained_bytes_per_token)
+        for p in profiles
+    ]
+    budget = activation_budget_bytes(hw, wl, route)
+    plan = _solve_and_place(hw, wl, route, data, budget, notes)
+    if plan is None:
+        notes.append("fell back to the conservative plan: every layer `layer`")
+        plan = replace(route, layer_policies=("layer",) * L)
+    final_s, exposure = _exposure(hw, wl, plan)
+    return ActivationChoice(
+        plan, t0, taus, {d.name: d.retained_bytes for d in data}, budget,
+        {name: plan.layer_policies.count(name) for name in set(plan.layer_policies)},
+        final_s, exposure, notes)
+
+
+def _calibrated(calibrate: Calibrate | None, reference: Plan, names: list[str],
+                notes: list[str]) -> dict[str, float]:
+    """Measured marginal seconds per layer over `layer`, for the policies the executor runs."""
+    if calibrate is None:
+        return {}
+    out = {}
+    for name in names:
+        if name != "layer" and (d := calibrate(reference, name)) is not None:
+            out[name] = d
+    skipped = [n for n in names if n != "layer" and n not in out]
+    if skipped:
+        notes.append(f"tau_j simulated, not measured, for {', '.join(skipped)}: the executor "
+                     "does not run these policies yet")
+    return out
+
+
+def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str]) -> list[Finalist]:
+    """Measure every finalist's route (all `layer`); those the executor refuses are dropped
+    while any was measured."""
+    out = [replace(f, route=replace(f.route, measured_s=probe(f.route.plan))) for f in finalists]
+    kept = [f for f in out if f.route.measured_s is not None]
+    for f in out:
+        if f.route.measured_s is None:
+            notes.append(f"finalist {f.label()} not measured: the executor refused it"
+                         + (" (dropped)" if kept else ""))
+    return kept or out
+
+
 def auto_plan(
-    hardware: HardwareSpec, workload: Workload, cap_bytes: float, probe: Probe | None = None
+    hardware: HardwareSpec,
+    workload: Workload,
+    cap_bytes: float,
+    *,
+    base: Plan | None = None,
+    probe: Probe | None = None,
+    probe_device: str | None = None,
+    calibrate: Calibrate | None = None,
+    runs_policy: Callable[[str], bool] | None = None,
 ) -> tuple[Plan, PolicyReport]:
-    """The plan AutoPolicy chooses under `cap_bytes` of GPU memory per GPU, and its report."""
+    """The plan AutoPolicy chooses under `cap_bytes` of GPU memory per GPU, and its report.
+
+    base: the fields AutoPolicy does not choose (default: default_plan of the fabric);
+    probe / probe_device: real probes and where they run; calibrate: measured tau_j;
+    runs_policy: the activation policies allowed (default: every policy of spec/segments.py)."""
     start = time.perf_counter()
     hw, wl = capped(hardware, cap_bytes), workload
-    L = wl.model.n_layers
-    rep = PolicyReport(cap_bytes=min(cap_bytes, hardware.gpu.hbm_bytes))
-    base = default_plan(hw.fabric.kind)
+    base = replace(base or default_plan(hw.fabric.kind), layer_policies=())
+    rep = PolicyReport(cap_bytes=min(cap_bytes, hardware.gpu.hbm_bytes),
+                       n_layers=wl.model.n_layers, base_window=base.window_slots,
+                       probe_device=probe_device if probe is not None else None)
     try:
         rep.default_route_s = simulate(hw, wl, base).step_time_s  # checks the fit first
     except InfeasiblePlan:
         rep.notes.append("the default plan does not fit the cap")
-    rep.routes = _route_ranking(hw, wl, base, probe, rep.notes)
-    if probe is None:
-        rep.notes.append("not confirmed on hardware: no probe given (routes.rank's `probe` hook)")
-    route = replace(rep.routes[0].plan, layer_policies=())
+    rep.routes = _route_ranking(hw, wl, base, rep.notes)
+    routes = _finalist_routes(hw, wl, rep.routes)
 
-    profiles = shortlist(profile_policies(hw, wl))
-    rep.all_layer_s, rep.taus_s = marginal_costs(
-        hw, wl, route, [p.name for p in profiles], k_layers=max(1, L // 4)
-    )
-    tok, tok_mb, r = wl.tokens_per_gpu_step, wl.tokens_per_micro_batch, route.offload_ratio
-    data = [
-        PolicyData(
-            p.name,
-            rep.taus_s[p.name],
-            (1 - r) * tok * p.retained_bytes_per_token,
-            tok_mb * p.transient_bytes_per_token,
-            route.reload_ahead_layers * r * tok * p.retained_bytes_per_token,
-        )
-        for p in profiles
-    ]
-    rep.retained_bytes = {d.name: d.retained_bytes for d in data}
-    rep.budget_bytes = activation_budget_bytes(hw, wl, route)
-    plan = _solve_and_place(hw, wl, route, data, rep.budget_bytes, rep.notes)
-    if plan is None:
-        rep.notes.append("fell back to the conservative plan: every layer `layer`")
-        plan = replace(route, layer_policies=("layer",) * L)
-    rep.counts = {name: plan.layer_policies.count(name) for name in set(plan.layer_policies)}
-    res = simulate(hw, wl, plan)
-    rep.final_s = res.step_time_s
-    host, host_s = res.host
-    exposed = {k: v for k, v in res.exposed_by_channel_s.items() if v > 0}
-    rep.exposure = (
-        f"{'GPU' if res.compute_s >= host_s else 'host'}-bound, compute "
-        f"{res.compute_s:.3f} s vs busiest other {host} {host_s:.3f} s per step; GPU idle "
-        + (
-            ", ".join(
-                f"{k.lower()} {v:.3f} s" for k, v in sorted(exposed.items(), key=lambda kv: -kv[1])
-            )
-            or "none"
-        )
-    )
+    allowed = [p for p in profile_policies(hw, wl)
+               if p.name == "layer" or runs_policy is None or runs_policy(p.name)]
+    profiles = shortlist(allowed)
+    if runs_policy is not None and len(allowed) < len(profile_policies(hw, wl)):
+        rep.notes.append(f"activation policies limited to those the executor runs: "
+                         f"{', '.join(p.name for p in profiles)} (of the shortlist)")
+    measured = _calibrated(calibrate, routes[0].plan, [p.name for p in profiles], rep.notes)
+    rep.measured_taus = set(measured)
+    finalists = [Finalist(s, _activations(hw, wl, s.plan, profiles, measured)) for s in routes]
+    simulated_best = min(finalists, key=lambda f: f.simulated_score_s).route.plan
+    if probe is not None:
+        finalists = _confirm(probe, finalists, rep.notes)
+    rep.simulator_pick = next((f for f in finalists if f.route.plan == simulated_best), None)
+    rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
+    chosen = rep.chosen
+    if probe is not None and chosen.activations.counts != {"layer": wl.model.n_layers}:
+        chosen.plan_measured_s = probe(chosen.activations.plan)
+        if chosen.plan_measured_s is None:
+            rep.notes.append("the chosen policy mix itself was not measured: the executor does "
+                             "not run it (its all-`layer` route was)")
+        elif chosen.route.measured_s is not None:
+            chosen.activations_rejected = chosen.plan_measured_s > chosen.route.measured_s
     rep.selection_s = time.perf_counter() - start
-    return plan, rep
+    return chosen.plan, rep

@@ -1,14 +1,17 @@
-"""Route and chunk stages of AutoPolicy (method.md section 7, steps 1-2), simulator-first.
+"""Route, chunk and window stages of AutoPolicy (method.md section 7, steps 1-2), simulator-first.
 
-candidates()  param route x grad route x chunk size (H2D = D2H) x update sharding; with one GPU
-              only the single-GPU routes (replicated, gpu, rank0) exist.
+window_candidates()  GPU slots for decoder layers worth trying: the base plan's, the largest that
+              fits the GPU memory with every layer on `layer` (at most L: with W = L no layer is
+              uploaded twice, graph/build.py), and their middle. More slots cost GPU memory the
+              activations could use instead; auto.py settles that trade on whole plans.
+candidates()  param route x grad route x chunk size (H2D = D2H) x update sharding x window; with
+              one GPU only the single-GPU routes (replicated, gpu, rank0) exist.
 rank()        drop candidates that do not fit GPU or host memory (model/memory.py), pre-filter
               with the analytic model (slidedp.model.predict, ~0.03 s each), simulate the best
-              `simulate_top` (~0.2 s each for Qwen3-8B) and order them by simulated step time.
-              `probe` is the hook for method.md's "confirm with short real probes": a callable
-              Plan -> measured seconds per step; when given, the `probe_top` best simulated
-              candidates are re-ordered by it. Without it nothing is measured, and the report
-              says so.
+              `simulate_top` (~0.2 s each for Qwen3-8B) and order them by simulated step time
+              (ties: fewer window slots, which leaves more memory to the activations).
+Real probes (Probe: Plan -> measured seconds per step, None where the executor does not run the
+plan) confirm the finalists in auto.py, not here: every candidate is ranked by the simulator.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from slidedp.model.memory import check_fits
 from slidedp.model.predict import predict
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan
@@ -25,7 +29,8 @@ from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
 from slidedp.spec.workload import Workload
 
 CHUNK_MIB = (16.0, 64.0, 256.0)
-Probe = Callable[[Plan], float]
+MIN_WINDOW = 2  # Plan's smallest window
+Probe = Callable[[Plan], float | None]
 
 
 @dataclass(frozen=True)
@@ -43,28 +48,40 @@ class Scored:
         return self.simulated_s if self.simulated_s is not None else self.analytic_s
 
 
-def candidates(base: Plan, gpus: int) -> list[Plan]:
-    """Every route x chunk combination the topology can run, on top of `base`."""
+def _fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> bool:
+    try:
+        check_fits(hw, wl, plan)
+    except InfeasiblePlan:
+        return False
+    return True
+
+
+def window_candidates(hw: HardwareSpec, wl: Workload, base: Plan) -> list[int]:
+    """The base plan's window, the largest that fits with every layer on `layer` (<= L), and
+    their middle; ascending, without repeats."""
+    all_layer = replace(base, layer_policies=("layer",) * wl.model.n_layers)
+    top = max(MIN_WINDOW, wl.model.n_layers)
+    largest = next((w for w in range(top, MIN_WINDOW - 1, -1)
+                    if _fits(hw, wl, replace(all_layer, window_slots=w))), None)
+    if largest is None:  # nothing fits: rank() drops every candidate and says so upstream
+        return [base.window_slots]
+    return sorted({base.window_slots, (base.window_slots + largest) // 2, largest})
+
+
+def candidates(base: Plan, gpus: int, windows: list[int]) -> list[Plan]:
+    """Every route x chunk x window combination the topology can run, on top of `base`."""
     multi = gpus > 1
     params = list(ParamRoute) if multi else [ParamRoute.REPLICATED]
     grads = list(GradRoute) if multi else [GradRoute.GPU]
     updates = list(UpdateSharding) if multi else [UpdateSharding.RANK0]
     return [
-        replace(
-            base, param_route=p, grad_route=g, update_sharding=u, h2d_chunk_mib=c, d2h_chunk_mib=c
-        )
-        for p, g, u, c in itertools.product(params, grads, updates, CHUNK_MIB)
+        replace(base, param_route=p, grad_route=g, update_sharding=u, h2d_chunk_mib=c,
+                d2h_chunk_mib=c, window_slots=w)
+        for p, g, u, c, w in itertools.product(params, grads, updates, CHUNK_MIB, windows)
     ]
 
 
-def rank(
-    hw: HardwareSpec,
-    wl: Workload,
-    plans: list[Plan],
-    simulate_top: int = 8,
-    probe: Probe | None = None,
-    probe_top: int = 2,
-) -> list[Scored]:
+def rank(hw: HardwareSpec, wl: Workload, plans: list[Plan], simulate_top: int = 8) -> list[Scored]:
     """Feasible candidates, best first (module docstring)."""
     scored = []
     for p in plans:
@@ -73,15 +90,10 @@ def rank(
         except InfeasiblePlan:
             continue
         scored.append(Scored(p, analytic_s))
-    scored.sort(key=lambda s: s.analytic_s)
+    scored.sort(key=lambda s: (s.analytic_s, s.plan.window_slots))
     top = [
         replace(s, simulated_s=simulate(hw, wl, s.plan, check_memory=False).step_time_s)
         for s in scored[:simulate_top]
     ]
-    top.sort(key=lambda s: s.simulated_s)
-    if probe is not None:
-        top[:probe_top] = sorted(
-            (replace(s, measured_s=probe(s.plan)) for s in top[:probe_top]),
-            key=lambda s: s.measured_s,
-        )
+    top.sort(key=lambda s: (s.simulated_s, s.plan.window_slots))
     return top + scored[simulate_top:]

@@ -1,0 +1,154 @@
+"""Real probes for AutoPolicy: short runs of the real executor on this device (method.md section
+7: rank with the calibrated simulator in seconds, confirm the top candidates with short real
+probes). The only module of slidedp.policy that needs torch; auto.py takes its methods as plain
+callables.
+
+ExecutorProbe(model, workload, device), a context manager, random weights:
+  probe(plan)            measured steady seconds per step of `plan` on the whole model: STEPS
+                         optimizer steps of slidedp.exec.Engine (validate/runner.py measure; bf16
+                         on cuda, float32 on cpu), the first DISCARD left out, the fastest of the
+                         others (the least disturbed by other load on the machine); one host state,
+                         built on the first call and reused by every candidate. None where the
+                         executor refuses the plan (a SpecError: a policy it does not run yet) or
+                         the device runs out of memory; the reason is kept in `refusals`.
+  marginal_s(ref, name)  tau_j - tau_0 measured in a reduced real pipeline (method.md section 7,
+                         step 4): the model cut to REDUCED_LAYERS decoder layers of the same
+                         shape (its own host state, built once), the last k = REDUCED_LAYERS // 2
+                         on policy `name`, the others on `layer`, window min(ref's, layers):
+                         (T_j(k) - T_0) / k with T_0 the all-`layer` reduced step. None where
+                         the executor does not run `name` (runs_policy), checked before anything
+                         large is built.
+runs_policy(name, device)  whether the executor accepts an activation policy: builds an Engine
+                         of tiny-qwen3 on the device with every layer on it (milliseconds).
+One rank only: probing R > 1 ranks needs rank processes (validate/runner.py's torchrun path),
+which is not done here; a workload with gpus > 1 is refused and callers skip the probes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+import torch
+
+from slidedp.exec.engine import Engine
+from slidedp.exec.host_state import HostState
+from slidedp.spec.errors import SpecError
+from slidedp.spec.model import ModelSpec, load_model, parse_hf_config
+from slidedp.spec.plan import ParamRoute, Plan
+from slidedp.spec.workload import Workload
+from slidedp.validate.runner import OPTIMIZER, measure, random_host_state
+
+STEPS = 4
+DISCARD = 1  # the first step allocates and warms up
+REDUCED_LAYERS = 4
+POLICY_FIELDS = ("activation_policy", "layer_policies")  # Engine's refusal of a policy
+
+
+def _dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+@cache
+def runs_policy(name: str, device: str) -> bool:
+    """Whether the executor on `device` runs activation policy `name` (module docstring)."""
+    tiny = load_model("tiny-qwen3")
+    plan = Plan(param_route=ParamRoute.REPLICATED, layer_policies=(name,) * tiny.n_layers)
+    try:
+        eng = Engine(dict(tiny.config), Workload(tiny, 16, 1, 1, 1), plan, device=device,
+                     dtype=_dtype(device), optimizer=OPTIMIZER)
+    except SpecError as e:
+        if e.field in POLICY_FIELDS:
+            return False
+        raise
+    eng.close()
+    eng.host_state.close()
+    return True
+
+
+def reduced_model(model: ModelSpec, n_layers: int) -> ModelSpec:
+    """`model` with only its first `n_layers` decoder layers (same shapes)."""
+    cfg = dict(model.config) | {"num_hidden_layers": n_layers}
+    if isinstance(cfg.get("layer_types"), list):
+        cfg["layer_types"] = cfg["layer_types"][:n_layers]
+    spec = parse_hf_config(cfg, f"{model.source or model.name} cut to {n_layers} layers")
+    return dataclasses.replace(spec, name=f"{model.name}[:{n_layers}]")
+
+
+class _Pipeline:
+    """One model on this device and its host state (built on first use)."""
+
+    def __init__(self, wl: Workload, device: str):
+        self.wl, self.device = wl, device
+        self.config = dict(wl.model.config)
+        self.hs: HostState | None = None
+
+    def step_s(self, plan: Plan) -> float:
+        """Measured steady seconds per step; SpecError when the executor refuses the plan."""
+        if self.hs is None:
+            self.hs = random_host_state(self.config, None, None)
+        m = measure(self.config, self.wl, plan, self.hs, device=self.device, iters=STEPS,
+                    discard=DISCARD)
+        return min(m.all_steps_s[DISCARD:])
+
+    def close(self) -> None:
+        if self.hs is not None:
+            self.hs.close()
+            self.hs = None
+
+
+class ExecutorProbe:
+    """Real probes of plans for one workload on this device (module docstring)."""
+
+    def __init__(self, wl: Workload, device: str):
+        if wl.gpus != 1:
+            raise SpecError(wl.where, "gpus", "1 for real probes (probing R > 1 ranks needs rank "
+                            f"processes, not implemented), got {wl.gpus}")
+        self.device = device
+        self.refusals: list[str] = []
+        self.full = _Pipeline(wl, device)
+        L = wl.model.n_layers
+        self.reduced = self.full if L <= REDUCED_LAYERS else _Pipeline(
+            dataclasses.replace(wl, model=reduced_model(wl.model, REDUCED_LAYERS)), device)
+        self._t0: dict[Plan, float] = {}
+
+    def __enter__(self) -> ExecutorProbe:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.full.close()
+        self.reduced.close()
+
+    def _measured(self, pipe: _Pipeline, plan: Plan) -> float | None:
+        try:
+            return pipe.step_s(plan)
+        except SpecError as e:
+            self.refusals.append(str(e))
+        except torch.OutOfMemoryError as e:
+            self.refusals.append(f"{self.device} out of memory: {str(e).splitlines()[0]}")
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+        return None
+
+    def __call__(self, plan: Plan) -> float | None:
+        return self._measured(self.full, plan)
+
+    def marginal_s(self, reference: Plan, name: str) -> float | None:
+        """Measured seconds per step one layer on `name` adds over `layer` (module docstring)."""
+        if not runs_policy(name, self.device):
+            return None
+        L = self.reduced.wl.model.n_layers
+        k = max(1, L // 2)
+        ref = dataclasses.replace(reference, window_slots=max(2, min(reference.window_slots, L)),
+                                  layer_policies=("layer",) * L)
+        if ref not in self._t0:
+            t0 = self._measured(self.reduced, ref)
+            if t0 is None:
+                return None
+            self._t0[ref] = t0
+        tj = self._measured(self.reduced, dataclasses.replace(
+            ref, layer_policies=("layer",) * (L - k) + (name,) * k))
+        return None if tj is None else (tj - self._t0[ref]) / k

@@ -1,0 +1,160 @@
+"""What AutoPolicy chose and why (policy/auto.py fills it, `slidedp plan` and `train --plan auto`
+print it): the route ranking, the finalists (the best route per window size, each with its own
+activation MILP), what each choice saved, which resource is exposed, whether real probes
+confirmed the choice, and how long selection took."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slidedp.policy.routes import Scored
+from slidedp.spec.plan import Plan
+
+GIB = 2**30
+
+
+@dataclass
+class ActivationChoice:
+    """Steps 3-7 of AutoPolicy on one route: the MILP's policy mix and what it is worth."""
+
+    plan: Plan  # the route with its per-layer policies
+    all_layer_s: float  # T_0: the route, every layer `layer` (simulated)
+    taus_s: dict[str, float]
+    retained_bytes: dict[str, float]  # m_j per layer
+    budget_bytes: float
+    counts: dict[str, int]
+    final_s: float  # simulated, with the chosen policies
+    exposure: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def saving_s(self) -> float:
+        """The MILP's saving against all `layer`: sum_j n_j (tau_0 - tau_j), with the measured
+        tau_j where probes measured them."""
+        tau0 = self.taus_s["layer"]
+        return sum(n * (tau0 - self.taus_s[name]) for name, n in self.counts.items())
+
+
+@dataclass
+class Finalist:
+    """A route that went through the activation stage; probes measure `route.plan` (all
+    `layer`, which the executor always runs) and, when it differs, the chosen plan itself."""
+
+    route: Scored
+    activations: ActivationChoice
+    plan_measured_s: float | None = None
+    activations_rejected: bool = False  # measured slower than its all-`layer` route
+
+    @property
+    def plan(self) -> Plan:
+        """The plan this finalist stands for: the route with the MILP's policies, unless the
+        probes rejected them (then every layer `layer`)."""
+        if self.activations_rejected:
+            return self.activations.plan.with_overrides(
+                layer_policies=("layer",) * len(self.activations.plan.layer_policies))
+        return self.activations.plan
+
+    @property
+    def simulated_score_s(self) -> float:
+        return self.route.simulated_s - self.activations.saving_s
+
+    @property
+    def score_s(self) -> float:
+        """The route's most trusted step (measured when probed) less the activations' saving."""
+        return self.route.best_s - self.activations.saving_s
+
+    def label(self) -> str:
+        p = self.route.plan
+        return (f"window {p.window_slots}, {p.param_route}/{p.grad_route}/{p.update_sharding}/"
+                f"{p.h2d_chunk_mib:g} MiB")
+
+
+@dataclass
+class PolicyReport:
+    """Filled by auto_plan; finalists[0] is the choice."""
+
+    cap_bytes: float
+    n_layers: int
+    base_window: int
+    routes: list[Scored] = field(default_factory=list)
+    default_route_s: float | None = None  # simulated step of default_plan, None if it does not fit
+    finalists: list[Finalist] = field(default_factory=list)
+    simulator_pick: Finalist | None = None  # the finalist the simulator alone would choose
+    probe_device: str | None = None  # where the real probes ran; None: no probes
+    measured_taus: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    selection_s: float = 0.0
+
+    @property
+    def chosen(self) -> Finalist:
+        return self.finalists[0]
+
+    def lines(self) -> list[str]:
+        c = self.chosen
+        a, p = c.activations, c.route.plan
+        out = [
+            f"GPU memory cap {self.cap_bytes / GIB:.1f} GiB per GPU",
+            f"routes: params {p.param_route}, grads {p.grad_route}, update {p.update_sharding}, "
+            f"chunks {p.h2d_chunk_mib:g} MiB, window {p.window_slots} slots for "
+            f"{self.n_layers} layers (best of {len(self.routes)} feasible candidates; "
+            f"simulated {c.route.simulated_s:.4g} s/step)",
+        ]
+        if self.default_route_s is not None:
+            out.append(f"  saves {self.default_route_s - c.route.simulated_s:+.4g} s/step against "
+                       f"the default plan ({self.default_route_s:.4g} s, simulated)")
+        for s in self.routes[1:4]:
+            q = s.plan
+            out.append(f"  next: {q.param_route}/{q.grad_route}/{q.update_sharding}/"
+                       f"{q.h2d_chunk_mib:g} MiB/window {q.window_slots}  {s.best_s:.4g} s/step")
+        measured = self.probe_device is not None
+        out.append("finalists (best route per window; step = route "
+                   + ("measured" if measured else "simulated") + " - activation saving):")
+        for f in self.finalists:
+            seen = f" measured {f.route.measured_s:.4g} s," if f.route.measured_s is not None else ""
+            out.append(
+                f"  {f.label():<42} route {f.route.simulated_s:.4g} s simulated,{seen} "
+                f"activations save {f.activations.saving_s:+.4g} s -> {f.score_s:.4g} s/step"
+                + ("  <- chosen" if f is c else ""))
+        for f in self.finalists[1:]:
+            if f.route.plan.window_slots != p.window_slots:
+                out.append(f"  window {p.window_slots} over {f.route.plan.window_slots} slots "
+                           f"saves {f.score_s - c.score_s:+.4g} s/step")
+        out.append(
+            f"activations: budget {a.budget_bytes / GIB:.2f} GiB per GPU after weights, window, "
+            f"buffers and runtime; all-`layer` step {a.all_layer_s:.4g} s (simulated)")
+        tau0 = a.taus_s.get("layer", 0.0)
+        for name, tau in sorted(a.taus_s.items(), key=lambda kv: a.retained_bytes[kv[0]]):
+            how = "measured" if name in self.measured_taus else "simulated"
+            out.append(
+                f"  {name:<15} retains {a.retained_bytes[name] / GIB:6.3f} GiB/layer, saves "
+                f"{1e3 * (tau0 - tau):+7.2f} ms/layer vs layer ({how}), chosen for "
+                f"{a.counts.get(name, 0)} layers")
+        out.append(f"policy mix: {a.final_s:.4g} s/step simulated as a whole plan, "
+                   f"{a.all_layer_s - a.final_s:+.4g} s against all-`layer`")
+        out.append(f"exposed: {a.exposure}")
+        out += self._probe_lines()
+        out += [f"note: {n}" for n in self.notes + a.notes]
+        out.append(f"selection took {self.selection_s:.1f} s")
+        return out
+
+    def _probe_lines(self) -> list[str]:
+        if self.probe_device is None:
+            return ["not confirmed on hardware: no real probe (slidedp plan --probe)"]
+        c, sim = self.chosen, self.simulator_pick
+        out = []
+        if sim is None or len(self.finalists) < 2:
+            out.append(f"probes on {self.probe_device}: one finalist, nothing to confirm against")
+        elif sim is c:
+            out.append(f"probes on {self.probe_device}: confirmed, the simulator's choice "
+                       f"({c.label()}) also measured fastest")
+        else:
+            out.append(f"probes on {self.probe_device}: overturned the simulator's choice "
+                       f"({sim.label()}, {sim.score_s:.4g} s measured) for {c.label()} "
+                       f"({c.score_s:.4g} s measured)")
+        if c.plan_measured_s is not None:
+            out.append(f"policy mix measured {c.plan_measured_s:.4g} s/step on {self.probe_device} "
+                       f"(simulated {c.activations.final_s:.4g} s), all-`layer` route "
+                       f"{c.route.measured_s:.4g} s: "
+                       + ("rejected, every layer kept on `layer`" if c.activations_rejected
+                          else "kept"))
+        return out

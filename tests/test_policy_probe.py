@@ -1,0 +1,137 @@
+"""Real probes (policy/probe.py) on the CPU with tiny models, `slidedp plan --probe`, and
+`slidedp train --plan auto` run as the real CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slidedp.commands.choose import choose_plan
+from slidedp.policy import probe as probe_mod
+from slidedp.policy.probe import REDUCED_LAYERS, ExecutorProbe, reduced_model, runs_policy
+from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import load_hardware
+from slidedp.spec.model import load_model
+from slidedp.spec.plan import ParamRoute, Plan, load_plan
+from slidedp.spec.workload import Workload
+
+GIB = 2**30
+ROUTE = Plan(param_route=ParamRoute.REPLICATED)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "slidedp.cli", *args], capture_output=True,
+                          text=True)
+
+
+def _deep_tiny(tmp_path, layers=6):
+    """tiny-qwen3 with more decoder layers than the reduced pipeline keeps."""
+    cfg = dict(load_model("tiny-qwen3").config) | {"num_hidden_layers": layers}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return load_model(str(tmp_path))
+
+
+def test_probe_measures_plans_on_one_host_state_and_reports_refusals():
+    wl = Workload(load_model("tiny-qwen3"), 32, 4, 2, 1)
+    with ExecutorProbe(wl, "cpu") as pr:
+        a = pr(ROUTE)
+        hs = pr.full.hs
+        b = pr(Plan(param_route=ParamRoute.REPLICATED, window_slots=2, h2d_chunk_mib=16))
+        assert a > 0 and b > 0 and pr.full.hs is hs  # built once, reused by every candidate
+        assert pr(Plan(param_route=ParamRoute.REPLICATED, step_join=False)) is None
+        assert len(pr.refusals) == 1 and "step_join" in pr.refusals[0]
+    assert pr.full.hs is None  # closed
+
+
+def test_probe_refuses_several_ranks():
+    wl = Workload(load_model("tiny-qwen3"), 32, 4, 2, 2)
+    with pytest.raises(SpecError, match="gpus.*rank processes"):
+        ExecutorProbe(wl, "cpu")
+
+
+def test_reduced_pipeline_keeps_the_layer_shape(tmp_path):
+    deep = _deep_tiny(tmp_path)
+    cut = reduced_model(deep, REDUCED_LAYERS)
+    assert cut.n_layers == REDUCED_LAYERS and cut.layer_params() == deep.layer_params()
+    assert cut.unit_params()[0] == deep.unit_params()[0]
+    q = reduced_model(load_model("qwen3-8b"), 4)
+    assert q.n_layers == 4 and q.layer_params() == load_model("qwen3-8b").layer_params()
+
+
+def test_marginal_cost_runs_the_reduced_pipeline_only_for_policies_the_executor_runs(
+        tmp_path, monkeypatch):
+    wl = Workload(_deep_tiny(tmp_path), 32, 4, 2, 1)
+    with ExecutorProbe(wl, "cpu") as pr:
+        monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: False)
+        assert pr.marginal_s(ROUTE, "sac") is None
+        assert pr.reduced.hs is None and pr.full.hs is None  # nothing built for a refusal
+        # `layer` against itself: the machinery end to end (the difference is timing noise)
+        monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: True)
+        d = pr.marginal_s(ROUTE, "layer")
+        assert isinstance(d, float) and pr.reduced.hs is not None and pr.full.hs is None
+        assert pr.reduced.wl.model.n_layers == REDUCED_LAYERS
+        t0 = next(iter(pr._t0.values()))
+        assert abs(d) < t0  # per switched layer, less than the whole reduced step
+
+
+def test_runs_policy_matches_the_executor():
+    assert runs_policy("layer", "cpu")
+    # whatever the executor runs today, the answer is the Engine's: construct it directly
+    from slidedp.exec.engine import Engine
+    from slidedp.validate.runner import OPTIMIZER
+
+    tiny = load_model("tiny-qwen3")
+    for name in ("none", "sac"):
+        try:
+            Engine(dict(tiny.config), Workload(tiny, 16, 1, 1, 1),
+                   Plan(layer_policies=(name,) * 2), optimizer=OPTIMIZER).close()
+            accepted = True
+        except SpecError:
+            accepted = False
+        assert runs_policy(name, "cpu") == accepted
+
+
+def test_several_ranks_are_not_probed_and_the_report_says_so():
+    hw = load_hardware("h200x2")
+    wl = Workload(load_model("tiny-qwen3"), 64, 4, 2, 2)
+    _, rep = choose_plan(hw, wl, 40 * GIB, probe_device="cpu")
+    text = "\n".join(rep.lines())
+    assert "no real probes: they run one rank only" in text and "probes on" not in text
+
+
+def test_cli_plan_probe_confirms_on_the_cpu(tmp_path):
+    out = tmp_path / "plan.toml"
+    r = _cli("plan", "--hardware", "h200x1", "--model", "tiny-qwen3", "--seq", "32",
+             "--micro-batch", "2", "--probe", "--device", "cpu", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "probes on cpu:" in r.stdout and "measured" in r.stdout
+    assert "selection took" in r.stdout
+    assert len(load_plan(out).layer_policies) == 2
+
+
+def test_cli_train_plan_auto(tmp_path):
+    out = tmp_path / "run"
+    base = ["train", "--plan", "auto", "--out", str(out), "--device", "cpu",
+            "--global-batch", "4", "--micro-batch", "2"]
+    r = _cli(*base, "--steps", "3", "--gpu-memory-cap-gib", "8")
+    assert r.returncode == 0, r.stderr
+    assert "plan chosen in" in r.stdout and "probes on cpu:" in r.stdout
+    report = (out / "plan-report.txt").read_text()
+    assert "GPU memory cap 8.0 GiB" in report and "selection took" in report
+    plan = load_plan(out / "plan.toml")
+    assert all(runs_policy(name, "cpu") for name in plan.layer_policies)  # trainable only
+    assert f"window {plan.window_slots} slots" in r.stdout  # the trainer ran the chosen plan
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 3
+
+    again = _cli(*base, "--steps", "4")  # an earlier run's plan.toml: refused without --resume
+    assert again.returncode == 2 and "plan.toml" in again.stderr
+    resumed = _cli(*base, "--steps", "4", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "chosen when the run started" in resumed.stdout
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
+
+    fixed = _cli(*base, "--chunk-mib", "64")
+    assert fixed.returncode == 2 and "--chunk-mib" in fixed.stderr
+    assert fixed.stderr.count("\n") == 1
