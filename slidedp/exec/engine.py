@@ -106,7 +106,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from slidedp.exec.activations import Checkpoints
+from slidedp.exec.activations import KeptActivations
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.dist.collectives import Collectives
 from slidedp.exec.dist.ownership import process_threads, task_owners
@@ -114,6 +114,7 @@ from slidedp.exec.dist.session import DistSession, PeerFailure
 from slidedp.exec.host_state import HostState
 from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.loss import IGNORE_INDEX, linear_cross_entropy, shift_labels
+from slidedp.exec.policy_runner import LayerState, PolicyRunner, kept_layout
 from slidedp.exec.staging import HostRings, PinnedPool
 from slidedp.exec.template import Template
 from slidedp.exec.window import Window
@@ -121,7 +122,8 @@ from slidedp.graph.build import build_graph
 from slidedp.graph.tasks import Kind
 from slidedp.graph.timeline import Record, Timeline, union_intervals
 from slidedp.spec.errors import SpecError
-from slidedp.spec.plan import ActivationPolicy, Plan
+from slidedp.spec.plan import Plan
+from slidedp.spec.segments import parse_policy
 from slidedp.spec.workload import Workload
 
 MODES = ("overlap", "sync")
@@ -158,9 +160,8 @@ class _StepState:
         self.error: BaseException | None = None
         self.clip = [1.0] * workers  # per update worker: the clipping coefficient of this step
         self.adam_step: list[int] = []  # per unit: its update count including this step's
-        self.act_out: dict[tuple[int, int], torch.Tensor] = {}  # (layer, mb) -> to offload
         self.cur: list[torch.Tensor] = []  # per micro-batch: hidden states / their gradients
-        self.saved = None  # RECOMPUTE's autograd state for micro-batch 0
+        self.layers: dict[tuple[int, int], LayerState] = {}  # (layer, mb): forward -> backward
         self.ids: list[torch.Tensor] = []  # per micro-batch, on the device
         self.targets: list[torch.Tensor] = []  # per micro-batch, shifted labels, flat
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -192,11 +193,6 @@ class Engine:
         if session is not None and host_state is None:
             raise SpecError("engine", "host_state", "the session's shared host state "
                             "(DistSession.host_state)")
-        if plan.activation_policy != ActivationPolicy.LAYER or any(
-                p != ActivationPolicy.LAYER for p in plan.layer_policies):
-            field = "activation_policy" if not plan.layer_policies else "layer_policies"
-            raise SpecError("plan", field, "'layer' for every layer (the only policy the executor "
-                            "runs yet; segment, selective and none are modelled, not executed)")
         if not plan.step_join:
             raise SpecError("plan", "step_join", "true: the executor joins every agent at the step "
                             "boundary (see 'Step boundary' above)")
@@ -277,9 +273,18 @@ class Engine:
         self.window = Window(layouts, plan.window_slots, plan.grad_buffers, self.device, dtype)
         self.coll = (Collectives(self.window, R, self.rank, scatter, self.device, dtype)
                      if R > 1 else None)
-        self.ckpt = Checkpoints(self.runner.n_layers, workload.accum_steps, workload.micro_batch,
-                                workload.seq_len, self.runner.hidden, plan.offload_ratio,
-                                plan.reload_ahead_layers, self.device, dtype, self.pool)
+        # what each layer's policy keeps: its entry sizes from one forward per distinct policy
+        self.policies = [None] + [parse_policy(plan.policy_of(layer))
+                                  for layer in range(1, self.runner.n_layers + 1)]
+        self.layer_runner = PolicyRunner(self.runner, None)
+        x = torch.zeros(workload.micro_batch, workload.seq_len, self.runner.hidden,
+                        device=self.device, dtype=dtype)
+        layout = {p: kept_layout(self.layer_runner, p, self.window.params(1), x,
+                                 self.runner.rope(workload.seq_len))
+                  for p in set(self.policies[1:])}
+        self.acts = self.layer_runner.acts = KeptActivations(
+            [layout[p] for p in self.policies[1:]], workload.accum_steps, plan.offload_ratio,
+            plan.reload_ahead_layers, self.device, self.pool)
         names = tpl.agent_names
         self.streams = [torch.cuda.Stream(self.device) if self.cuda and tpl.is_gpu_agent[a]
                         else None for a in range(len(names))]
@@ -541,32 +546,24 @@ class Engine:
             st.cur.append(x)
 
     def _keep_input(self, st, layer: int, b: int, x: torch.Tensor) -> None:
-        self.ckpt.keep(layer, b, x)
-        if self.ckpt.n_off:
-            st.act_out[(layer, b)] = x
+        self.acts.add(layer, b, x)
 
     @torch.no_grad()
     def _run_fwd(self, st, v):
         layer = int(self.tpl.g.unit[v])
         params = self.window.params(layer)
         for b, x in enumerate(st.cur):
-            out = self.runner.layer_forward(params, x, st.rope)
+            out, st.layers[(layer, b)] = self.layer_runner.forward(self.policies[layer], layer, b,
+                                                                   params, x, st.rope)
             if layer < self.runner.n_layers:
                 self._keep_input(st, layer + 1, b, out)
             st.cur[b] = out
 
     def _run_act_offload(self, st, v):
-        layer = int(self.tpl.g.unit[v])
-        for b in range(self.wl.accum_steps):
-            x = st.act_out.pop((layer, b), None)
-            if x is None:  # n_off == 0: the ratio rounds to no token
-                continue
-            if self.cuda:
-                x.record_stream(torch.cuda.current_stream())
-            self.ckpt.offload(layer, b, x)
+        self.acts.offload(int(self.tpl.g.unit[v]))
 
     def _run_act_reload(self, st, v):
-        self.ckpt.reload_layer(int(self.tpl.g.unit[v]))
+        self.acts.reload_layer(int(self.tpl.g.unit[v]))
 
     def _run_head_loss(self, st, v):
         head_u = self.runner.n_layers + 1
@@ -589,25 +586,20 @@ class Engine:
             st.loss += loss
             st.cur[b] = gx
 
-    def _recompute(self, st, layer: int, b: int):
-        params = {k: p.detach().requires_grad_() for k, p in self.window.params(layer).items()}
-        x = self.ckpt.load(layer, b).detach().requires_grad_()
-        with torch.enable_grad():
-            out = self.runner.layer_forward(params, x, st.rope)
-        return x, params, out
-
     def _run_recompute(self, st, v):
-        st.saved = self._recompute(st, int(self.tpl.g.unit[v]), 0)
+        layer = int(self.tpl.g.unit[v])
+        self.layer_runner.recompute(st.layers[(layer, 0)], self.window.params(layer), st.rope)
 
     def _run_bwd(self, st, v):
         layer = int(self.tpl.g.unit[v])
-        grads = self.window.grad_views(layer)
+        grads, params = self.window.grad_views(layer), self.window.params(layer)
         for b in range(self.wl.accum_steps):
-            x, params, out = st.saved if b == 0 else self._recompute(st, layer, b)
-            st.saved = None
-            got = torch.autograd.grad(out, [x, *params.values()], st.cur[b])
-            st.cur[b] = got[0]
-            for name, gp in zip(params, got[1:], strict=True):
+            state = st.layers.pop((layer, b))
+            self.layer_runner.recompute(state, params, st.rope)  # done by RECOMPUTE for b = 0
+            st.cur[b], got = self.layer_runner.backward(state, st.cur[b])
+            del state
+            self.acts.release(layer, b)
+            for name, gp in got.items():
                 _accumulate(grads[name], gp, b)
 
     def _run_embed_bwd(self, st, v):

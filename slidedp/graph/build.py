@@ -11,9 +11,10 @@ The schedule, per iteration and per rank r (units: 0 embedding, 1..L layers, L+1
               recomputes anything (slidedp.spec.segments: layer, sac, seg masks other than all
               kept); its work is the policy's recompute FLOPs, and meta["recompute_hbm_bytes"]
               holds its elementwise HBM bytes per unit (costs.py turns both into seconds).
-  activations ACT_OFFLOAD of ratio r of what layer l's policy retains, after its input is
-              produced; ACT_RELOAD before RECOMPUTE(l) (or BWD(l)), at most
-              `reload_ahead_layers` layers ahead.
+  activations ACT_OFFLOAD of ratio r of what layer l's policy retains, after the task that
+              produces the last of it: the producer of its input when it keeps the input alone
+              ("layer", seg:0b0000000), else FWD(l); ACT_RELOAD before RECOMPUTE(l) (or BWD(l)),
+              at most `reload_ahead_layers` layers ahead.
   gradients   per unit, after every rank's BWD: REDUCE (gpu route: reduce to rank 0, or
               reduce-scatter when the update is sharded) -> D2H per chunk -> ADAM per chunk; on
               the cpu route every rank downloads every chunk and HOST_SUM adds them before ADAM.
@@ -47,7 +48,7 @@ import numpy as np
 
 from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, Kind, TaskGraph
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
-from slidedp.spec.segments import policy_cost
+from slidedp.spec.segments import keeps_beyond_input, policy_cost
 from slidedp.spec.workload import Workload
 
 MIB = 2**20
@@ -196,6 +197,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
     costs = [None] + [policy_cost(m, plan.policy_of(layer), wl.seq_len) for layer in range(1, L + 1)]
     recompute = [False] + [c.recomputes for c in costs[1:]]
     act_bytes = [0.0] + [plan.offload_ratio * tokens * c.retained_bytes for c in costs[1:]]
+    keeps_more = [False] + [keeps_beyond_input(plan.policy_of(layer)) for layer in range(1, L + 1)]
     recompute_hbm = {layer: tokens * costs[layer].recompute_hbm_bytes for layer in range(1, L + 1)}
 
     b = _Builder()
@@ -365,13 +367,17 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             act_src[r][1] = v
         fwd_tasks = [[-1] * (L + 2) for _ in range(R)]
         offloads = [[-1] * (L + 2) for _ in range(R)]
+
+        def offload(r: int, layer: int, src: int):
+            o = b.task(Kind.ACT_OFFLOAD, t, layer, r, -1, d2h[r], act_bytes[layer])
+            b.edge(src, o, EdgeKind.DATA)
+            offloads[r][layer] = o
+
         for layer in range(1, L + 1):
             ready = deliver(t, layer, ("slot", (layer - 1) % W), (layer - 1) % W, gated)
             for r in range(R):
-                if act_bytes[layer] > 0:
-                    o = b.task(Kind.ACT_OFFLOAD, t, layer, r, -1, d2h[r], act_bytes[layer])
-                    b.edge(act_src[r][layer], o, EdgeKind.DATA)
-                    offloads[r][layer] = o
+                if act_bytes[layer] > 0 and not keeps_more[layer]:
+                    offload(r, layer, act_src[r][layer])
                 v = b.task(Kind.FWD, t, layer, r, -1, compute[r], lf["fwd"] * tokens)
                 b.edges(ready[r], v, EdgeKind.DATA)
                 b.edge(last[r], v, EdgeKind.DATA)
@@ -379,6 +385,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                 fwd_tasks[r][layer] = v
                 act_src[r][layer + 1] = v
                 readers[("slot", (layer - 1) % W, r)] = [v]
+                if act_bytes[layer] > 0 and keeps_more[layer]:
+                    offload(r, layer, v)
         head_ready = deliver(t, head_u, ("head",), W + 1, gated)
         head_tasks = []
         for r in range(R):

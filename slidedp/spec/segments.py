@@ -149,12 +149,21 @@ class PolicyCost:
         return self.recompute_flops > 0 or self.recompute_hbm_bytes > 0
 
 
-def _recomputed_segments(p: LayerPolicy) -> tuple[int, ...]:
+def recomputed_segments(p: LayerPolicy) -> tuple[int, ...]:
+    """The segments a "layer" or "seg" policy re-runs in backward (() for none; sac re-runs ops
+    inside segments instead, see the module docstring)."""
     if p.kind == "layer":
         return tuple(range(len(SEGMENTS)))
     if p.kind == "seg":
         return tuple(s for s in range(N_BOUNDARIES) if not p.mask >> s & 1)
     return ()
+
+
+def keeps_beyond_input(policy: str | LayerPolicy) -> bool:
+    """Whether the policy keeps anything besides the layer input x (then what it keeps exists
+    only once the layer's forward ran: its offload follows that forward, graph/build.py)."""
+    p = policy if isinstance(policy, LayerPolicy) else parse_policy(policy)
+    return p.kind in ("none", "sac") or (p.kind == "seg" and p.mask != 0)
 
 
 def policy_cost(
@@ -191,7 +200,7 @@ def policy_cost(
             + c.fwd_hbm_bytes[6],
         )
     else:
-        redo = _recomputed_segments(p)
+        redo = recomputed_segments(p)
         kept_b = [i for i in range(N_BOUNDARIES) if i not in redo]
         retained = (
             c.input_bytes
