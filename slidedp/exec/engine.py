@@ -41,8 +41,8 @@ Host synchronisations are exactly those CPU-after-GPU waits, the notifier's wait
 another process waits on, and two at the step boundary: torch.cuda.synchronize() after the
 inputs are uploaded (so the Timeline's reference event is recorded on an idle GPU) and after the
 join (loss, Timeline). Tensors that cross streams are reserved at construction (slots, gradient
-buffers, checkpoints, rings), except a layer output handed to ACT_OFFLOAD, which is
-record_stream()-ed on the D2H stream. Collectives run on the comm stream (dist/collectives.py).
+buffers, rings, the activation offload's host, reload and tail buffers), except a kept
+activation handed to ACT_OFFLOAD, which is record_stream()-ed on the D2H stream. Collectives run on the comm stream (dist/collectives.py).
 On the CPU (device = cpu, gloo) the same code runs: "streams" are the agent threads themselves,
 copies are plain copies done synchronously, and issued[v] means done.
 
@@ -58,13 +58,26 @@ overlapped the next step's first deliveries.
 Data: every process gets the same global batch; rank r computes rows [r P, (r+1) P) with
 P = accum_steps x micro_batch. Compute tasks cover all of a rank's micro-batches for their unit
 (layer-major):
-    EMBED_FWD   embeds every micro-batch; keeps layer 1's input as a checkpoint
-    FWD(l)      runs every micro-batch through layer l (no autograd); keeps layer l+1's input
+    EMBED_FWD   embeds every micro-batch; keeps layer 1's input
+    FWD(l)      runs every micro-batch through layer l under layer l's activation policy
+                (plan.policy_of(l), slidedp.spec.segments; policy_runner.py): "layer" without
+                autograd; the others segment by segment, keeping what the policy keeps (the
+                boundaries of its mask, sac's matmul and attention outputs, autograd's state of
+                the segments it does not recompute; "none" keeps it all); keeps layer l+1's input
     HEAD_LOSS   final norm + chunked linear/cross-entropy (loss.py), forward and backward
-    RECOMPUTE(l) re-runs layer l with autograd for micro-batch 0; BWD(l) back-propagates
-                micro-batch b and recomputes b+1, so one micro-batch's graph is alive at a time
-                (memory.py's `transient` term); the gradients of all micro-batches accumulate in
-                the gradient buffer
+    RECOMPUTE(l) (only where the policy recomputes something) re-runs, with autograd, what the
+                policy recomputes, for micro-batch 0: the whole layer from its input ("layer"),
+                or the segments / ops it did not keep, from the nearest kept tensors; BWD(l)
+                back-propagates micro-batch b and recomputes b+1 first, so one micro-batch's
+                recomputed graph is alive at a time (memory.py's `transient` term), and drops
+                what b kept once its backward is done; the gradients of all micro-batches
+                accumulate in the gradient buffer
+    ACT_OFFLOAD(l) / ACT_RELOAD(l)  ratio plan.offload_ratio of what layer l keeps (its input
+                included, never parameters, which live in slots) goes to pinned host buffers
+                after the task that produced it (the producer of its input when it keeps only
+                that, else FWD(l)) and comes back into a reload buffer before RECOMPUTE(l) or
+                BWD(l) (activations.py: entries, buffers reserved at construction from one
+                forward per distinct policy)
     EMBED_BWD   scatters the input gradients into the embedding's gradient
 Loss = mean over the non-ignored tokens of the GLOBAL batch (labels shifted as HF does); each
 rank's gradient is scaled by the global count, so their sum (REDUCE or HOST_SUM) is the

@@ -6,7 +6,8 @@ recompute and backward, what it keeps in a KeptActivations with the plan's offlo
 offloaded to host and reloaded in between) and reports:
     fwd_s, recompute_s, bwd_s, compute_s  median seconds over `repeats` runs after one warm-up
                                           (compute_s = their sum), the device synchronized
-                                          around each phase
+                                          around each phase; recompute_s = 0 for a policy that
+                                          recomputes nothing
     retained_bytes        what the layer keeps from forward to backward, the input included:
                           the bytes of its kept entries (counted, on every device)
     retained_alloc_bytes  CUDA only: allocated memory held after the forward with the output
@@ -37,7 +38,7 @@ import torch
 
 from slidedp.exec.activations import KeptActivations
 from slidedp.exec.layer_runner import ModelRunner
-from slidedp.exec.policy_runner import PolicyRunner, kept_layout
+from slidedp.exec.policy_runner import PolicyRunner, kept_layout, recomputes
 from slidedp.exec.staging import PinnedPool
 from slidedp.spec.errors import SpecError
 from slidedp.spec.segments import LayerPolicy, parse_policy
@@ -107,9 +108,10 @@ def profile_layer_policy(model_config, policy: str | LayerPolicy, micro_batch: i
             torch.cuda.reset_peak_memory_stats(dev)
         start = torch.cuda.memory_allocated(dev) if cuda else 0
         t2 = time.perf_counter()
-        layers.recompute(st, params, rope)
-        sync()
-        t3 = time.perf_counter()
+        if recomputes(p):  # else there is no RECOMPUTE task: nothing to time
+            layers.recompute(st, params, rope)
+            sync()
+        t3 = time.perf_counter() if recomputes(p) else t2
         layers.backward(st, grad)
         sync()
         t4 = time.perf_counter()

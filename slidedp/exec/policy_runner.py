@@ -58,6 +58,11 @@ def piece_plan(p: LayerPolicy) -> PiecePlan:
     return PiecePlan(frozenset(pc.name for pc in PIECES if pc.segment in redo), kept)
 
 
+def recomputes(p: LayerPolicy) -> bool:
+    """Whether the policy re-runs anything in backward (the graph's RECOMPUTE task exists)."""
+    return p.kind == "layer" or bool(piece_plan(p).recomputed)
+
+
 class _Entry(torch.autograd.Function):
     """A piece's input as a graph node that holds no tensor (so it can be released). Its output
     shares x's storage but is no autograd view of it: a view's grad_fn would be rebuilt (and

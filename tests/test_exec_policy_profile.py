@@ -1,0 +1,78 @@
+"""profile_layer_policy's retained bytes agree with the model (slidedp.spec.segments.policy_cost).
+
+CPU, BF16, one layer of the tiny qwen3 and llama configs. Stated tolerance: exact (0 bytes) for
+"layer", "sac" and every mask whose kept segments the model describes as transformers computes
+them (2, 5, 6; 1 without q/k norms); for the other kept segments the difference is exactly the
+documented one (policy_profile.py's docstring: eager RMSNorm keeps 6 h bytes per token more, FP32
+q/k copies 4 (q + k) more, no o_proj input copy 2 q less), so any other drift fails.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_exec_engine import CONFIGS
+
+from slidedp.exec.policy_profile import profile_layer_policy
+from slidedp.spec.errors import SpecError
+from slidedp.spec.model import parse_hf_config
+from slidedp.spec.segments import BF16, parse_policy, policy_cost
+
+SEQ, MB = 32, 2
+
+
+def _eager_difference(m, policy: str) -> float:
+    """Per token: measured minus modelled retained bytes (module docstring)."""
+    p = parse_policy(policy)
+    h, q, k = m.hidden, m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    if p.kind in ("layer", "sac"):
+        return 0.0
+    kept = {s for s in range(7) if p.kind == "none" or p.mask >> s & 1}
+    return (6.0 * h * ((0 in kept) + (4 in kept)) + 4.0 * (q + k) * (1 in kept and m.qk_norm)
+            - BF16 * q * (3 in kept))
+
+
+def _check(family: str, policy: str, ratio: float = 0.0):
+    cfg = CONFIGS[family]
+    m = parse_hf_config(cfg, "test")
+    prof = profile_layer_policy(cfg, policy, MB, SEQ, offload_ratio=ratio, repeats=1)
+    tokens = MB * SEQ
+    predicted = tokens * (policy_cost(m, policy, SEQ).retained_bytes + _eager_difference(m, policy))
+    assert prof.retained_bytes == predicted
+    assert prof.offload_bytes == round(ratio * prof.retained_bytes)
+    assert prof.compute_s == pytest.approx(prof.fwd_s + prof.recompute_s + prof.bwd_s)
+    assert prof.fwd_s > 0 and prof.bwd_s > 0
+    assert (prof.recompute_s > 0) == policy_cost(m, policy, SEQ).recomputes
+    assert prof.transient_peak_bytes is None and prof.retained_alloc_bytes is None  # CPU
+    return prof
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("policy", ["layer", "none", "sac", "seg:0b0000000", "seg:0b1100100"])
+def test_retained_bytes_match_model(family, policy):
+    _check(family, policy, ratio=0.5)
+
+
+@settings(max_examples=10)
+@given(mask=st.integers(0, 127), family=st.sampled_from(["qwen3", "llama"]))
+def test_retained_bytes_match_model_for_masks(mask, family):
+    _check(family, f"seg:{mask}")
+
+
+def test_bad_inputs_are_spec_errors():
+    with pytest.raises(SpecError):
+        profile_layer_policy(CONFIGS["llama"], "seg:0b2", MB, SEQ)
+    with pytest.raises(SpecError):
+        profile_layer_policy(CONFIGS["llama"], "none", MB, SEQ, offload_ratio=1.5)
+    with pytest.raises(SpecError):
+        profile_layer_policy(CONFIGS["llama"] | {"model_type": "gpt2"}, "none", MB, SEQ)
+
+
+@pytest.mark.gpu
+def test_cuda_measures_allocated_bytes():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    prof = profile_layer_policy(CONFIGS["qwen3"], "none", MB, 256, device="cuda",
+                                offload_ratio=0.5)
+    assert prof.retained_alloc_bytes >= prof.retained_bytes * 0.5
+    assert prof.transient_peak_bytes > 0
