@@ -94,7 +94,10 @@ def test_import_writes_the_stored_cases(tmp_path):
     out = tmp_path / "validation"
     assert main(["validate", "--import-results", str(out / "imports.toml"), "--out", str(out)]) == 0
     names = [f.name for f in store.stored_cases(out)]
-    assert len(names) == 17  # 3 + 8 measured rows of the 8B runs, 6 of the 4B run
+    # 3 + 8 measured rows of the morning 8B runs, 6 of the morning 4B run; 6 of the afternoon
+    # 4B run, 6 + 9 of the afternoon 8B runs (plan overrides: window, threads)
+    assert len(names) == 38
+    assert "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32" in names
     assert "h200x2-qwen3-8b-r2-gb8-mb4-sharded-gpu-sharded" in names
     assert "h200-qwen3-4b-r1-gb4-mb4-sharded-gpu-rank0-bf16copy" in names
     case = out / "h200x2-qwen3-8b-r2-gb8-mb4-replicated-cpu-rank0"
