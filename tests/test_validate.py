@@ -110,11 +110,11 @@ def test_import_writes_the_stored_cases(tmp_path):
     profile = tmp_path / "benchmarks/results/2026-11-30-h200x2-profile.toml"
     assert pred["hardware"]["sha256"] == store.sha256(profile)
     assert pred["simulated_trace"] is None and not (case / store.SIMULATED_TRACE).exists()
-    four_b = json.loads((out / names[0] / store.PREDICTED).read_text())
+    four_b = json.loads((out / "h200-qwen3-4b-r1-gb1-mb1-sharded-gpu-rank0" / store.PREDICTED).read_text())
     assert four_b["hardware"]["preset"] == "h200x1"
     summary = (out / store.SUMMARY_MD).read_text()
     assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
-    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 18
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 39
 
 
 def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):
