@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import time
-import tomllib
 
 import torch
 
@@ -31,19 +30,10 @@ from compute_reference import reference_step_s  # noqa: E402
 from single_gpu import GIB, step_flops  # noqa: E402
 
 from slidedp.spec.model import load_model  # noqa: E402
-from slidedp.spec.plan import Plan, parse_plan, plan_dict  # noqa: E402
+from slidedp.spec.plan import plan_dict  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
+from slidedp.validate.cases import parse_case_spec  # noqa: E402
 from slidedp.validate.runner import measure, random_host_state  # noqa: E402
-
-
-def parse_case(case: str) -> tuple[int, int, Plan]:
-    """(global batch, micro-batch, plan) of GB:MB:PARAM:GRAD:UPDATE[:FIELD=VALUE...]."""
-    gb, mb, pr, gr, us, *extra = case.split(":")
-    table = {"param_route": pr, "grad_route": gr, "update_sharding": us}
-    for item in extra:
-        key, _, text = item.partition("=")
-        table[key] = tomllib.loads(f"v = {text}")["v"]
-    return int(gb), int(mb), parse_plan({"plan": table}, f"case {case!r}")
 
 
 def main() -> int:
@@ -88,7 +78,7 @@ def main() -> int:
 
     hs = random_host_state(cfg, None, sess)
     for case in [c for c in a.cases if not c.startswith("ref:")]:
-        gb, mb, plan = parse_case(case)
+        gb, mb, plan = parse_case_spec(case)
         pr, gr, us = str(plan.param_route), str(plan.grad_route), str(plan.update_sharding)
         wl = Workload(spec, a.seq, gb, mb, R)
         m = measure(cfg, wl, plan, hs, device=a.device, iters=a.iters, discard=a.discard,

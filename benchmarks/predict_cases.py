@@ -1,45 +1,80 @@
-"""Predictions beside measurements: for each measured case of a results JSONL written by
-benchmarks/multi_gpu.py, the analytic model's and the simulator's step time for the same
-(hardware, workload, plan), and their errors. CPU only.
+"""Predictions for benchmark cases: the analytic model's and the simulator's step time for the
+same (hardware, workload, plan), beside the measurement where there is one. CPU only.
 
-usage: python3 benchmarks/predict_cases.py HARDWARE RESULTS.jsonl [RESULTS.jsonl ...]
+usage: python3 benchmarks/predict_cases.py HARDWARE MODEL [--seq 4096] ITEM [ITEM ...]
+ITEM = a results JSONL of benchmarks/multi_gpu.py (each measured row, with its error), or
+       R@CASE, a case not measured (yet) on R GPUs, in multi_gpu.py's case syntax, e.g.
+       8@64:4:sharded:gpu:rank0:window_slots=36 (a projection, e.g. for hardware not lent).
+Prints a markdown table. (Measured rows are better kept as validation cases:
+`slidedp validate --import-results`; this script is for quick tables and projections.)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from slidedp.model.predict import predict
 from slidedp.sim.simulator import simulate
+from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
+from slidedp.spec.plan import parse_plan
 from slidedp.spec.workload import Workload
+from slidedp.validate.cases import parse_case_spec
+
+
+def _items(items: list[str]) -> list[tuple[int, str, int, int, object, float | None]]:
+    """(ranks, case, global batch, micro-batch, plan, measured step s or None) per case."""
+    out = []
+    for item in items:
+        if "@" in item:
+            r, case = item.split("@", 1)
+            gb, mb, plan = parse_case_spec(case)
+            out.append((int(r), case, gb, mb, plan, None))
+            continue
+        with open(item) as f:
+            for line in f:
+                d = json.loads(line)
+                if "step_s" not in d:
+                    continue
+                plan = (parse_plan({"plan": d["plan"]}, item) if "plan" in d
+                        else parse_case_spec(d["case"])[2])
+                out.append((d["ranks"], d["case"], d["global_batch"], d["micro_batch"], plan,
+                            d["step_s"]))
+    return out
 
 
 def main() -> int:
-    hw = load_hardware(sys.argv[1])
-    print("| R | case | measured s | analytic s | error | simulated s | error | bound by (sim) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    rows = []
-    for path in sys.argv[2:]:
-        with open(path) as f:
-            rows += [json.loads(line) for line in f]
-    for d in rows:
-        if "step_s" not in d:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("hardware")
+    ap.add_argument("model")
+    ap.add_argument("items", nargs="+")
+    ap.add_argument("--seq", type=int, default=4096)
+    a = ap.parse_args()
+    hw, spec = load_hardware(a.hardware), load_model(a.model)
+    print(f"hardware {hw.name}, model {a.model}, sequence {a.seq}")
+    print("| R | case | measured s | analytic s | simulated s | tokens/s (sim) | bound by (sim) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r, case, gb, mb, plan, measured in _items(a.items):
+        wl = Workload(spec, a.seq, gb, mb, r)
+        try:
+            an = predict(hw, wl, plan).step_time_s
+        except InfeasiblePlan as e:
+            print(f"| {r} | {case} | - | {e} | | | |")
             continue
-        wl = Workload(load_model(d["model"]), d["seq"], d["global_batch"], d["micro_batch"],
-                      d["ranks"])
-        plan = Plan(param_route=ParamRoute(d["param_route"]), grad_route=GradRoute(d["grad_route"]),
-                    update_sharding=UpdateSharding(d["update_sharding"]))
-        a = predict(hw, wl, plan).step_time_s
         sim = simulate(hw, wl, plan)
-        s, m = sim.step_time_s, d["step_s"]
+        s = sim.step_time_s
         host_name, host_s = sim.host
         bound = "gpu" if sim.compute_s >= host_s else f"host ({host_name})"
-        print(f"| {d['ranks']} | {d['case']} | {m:.2f} | {a:.2f} | {100 * (a - m) / m:+.0f}% | "
-              f"{s:.2f} | {100 * (s - m) / m:+.0f}% | {bound} |")
+
+        def err(x: float) -> str:
+            return "" if measured is None else f" ({100 * (x - measured) / measured:+.0f}%)"
+
+        m = "-" if measured is None else f"{measured:.2f}"
+        print(f"| {r} | {case} | {m} | {an:.2f}{err(an)} | {s:.2f}{err(s)} | "
+              f"{wl.tokens_per_step / s:,.0f} | {bound} |")
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +98,27 @@ def parse_cases(data: dict, where: str) -> list[Case]:
             raise SpecError(where, f"case[{i}].name", f"a name no other case has, got {c.name!r} twice")
         seen.add(c.name)
     return cases
+
+
+def parse_case_spec(spec: str) -> tuple[int, int, Plan]:
+    """(global batch, micro-batch, plan) of the benchmarks' one-line case syntax
+    GB:MB:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING[:FIELD=VALUE...] (any Plan field, value as TOML),
+    e.g. 16:4:sharded:gpu:rank0:window_slots=36; the plan is over Plan()'s defaults."""
+    parts = spec.split(":")
+    if len(parts) < 5:
+        raise SpecError(f"case {spec!r}", "<case>", "GB:MB:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING"
+                        "[:FIELD=VALUE...]")
+    gb, mb, pr, gr, us, *extra = parts
+    table: dict = {"param_route": pr, "grad_route": gr, "update_sharding": us}
+    for item in extra:
+        key, eq, text = item.partition("=")
+        try:
+            table[key] = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            raise SpecError(f"case {spec!r}", key, "FIELD=VALUE with a TOML value") from None
+    if not (gb.isdigit() and mb.isdigit()):
+        raise SpecError(f"case {spec!r}", "GB:MB", f"two positive integers, got {gb}:{mb}")
+    return int(gb), int(mb), parse_plan({"plan": table}, f"case {spec!r}")
 
 
 def load_cases(path: str | Path) -> list[Case]:
