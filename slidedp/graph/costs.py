@@ -9,7 +9,9 @@ Durations are each task alone on its agent at the full rate of its resources (no
                           achieved rate / HBM rate (spec/segments.py; 1 for whole-layer "layer")
   HEAD_LOSS               FLOPs / achieved rate;  EMBED_FWD / EMBED_BWD  bytes / HBM rate
   H2D, ACT_RELOAD         bytes / per-GPU H2D rate;  D2H, ACT_OFFLOAD  bytes / per-GPU D2H rate
-  CAST                    elements / cast rate(threads);  ADAM  parameters / Adam rate(threads)
+  CAST                    elements / (cast rate(threads) x share);  ADAM  parameters / (Adam
+                          rate(threads) x share), share = g.meta["core_share"] (build.core_share:
+                          the CPU teams' threads beyond the host's cores time-slice them)
   HOST_SUM                bytes / host DRAM rate
   ALLGATHER, REDUCE       the fabric's collective time (ring bytes / bus rate + latency)
 Resources (each with a capacity per second; the analytic lower bound sums work over them, the
@@ -62,6 +64,17 @@ def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
     return {k: v * wl.accum_steps for k, v in per_mb.items()}
 
 
+def core_share_of(g: TaskGraph) -> float:
+    """The fraction of its threads' cores a CPU task's team holds (build.core_share; 1 for graphs
+    built without it)."""
+    return float(g.meta.get("core_share", 1.0))
+
+
+def held_cores(g: TaskGraph) -> np.ndarray:
+    """Cores each task holds while it runs: its team's threads x core_share (0 for GPU tasks)."""
+    return g.threads * core_share_of(g)
+
+
 def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     """Seconds per task, alone on its agent (see the module docstring)."""
     kind, work = g.kind, g.work
@@ -79,10 +92,11 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     d[up] = work[up] / hw.pcie.h2d_bps
     down = sel[Kind.D2H] | sel[Kind.ACT_OFFLOAD]
     d[down] = work[down] / hw.pcie.d2h_bps
+    share = core_share_of(g)
     for k, rate_of in ((Kind.CAST, hw.host.cast_rate), (Kind.ADAM, hw.host.adam_rate)):
         idx = np.flatnonzero(sel[k])
         if len(idx):
-            rates = np.array([rate_of(t) for t in g.threads[idx]])
+            rates = np.array([rate_of(t) for t in g.threads[idx]]) * share
             d[idx] = work[idx] / rates
     d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / hw.host.dram_bps
     for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
@@ -121,7 +135,8 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         res.append(idx[name])
         amt.append(a)
 
-    kinds, ranks, work, threads = g.kind.tolist(), g.rank.tolist(), g.work.tolist(), g.threads.tolist()
+    kinds, ranks, work = g.kind.tolist(), g.rank.tolist(), g.work.tolist()
+    threads = held_cores(g).tolist()
     dur = durations.tolist()
     for v, k in enumerate(kinds):
         r, w = ranks[v], work[v]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from slidedp.graph.costs import ResourceUse
+from slidedp.graph.costs import ResourceUse, held_cores
 from slidedp.graph.tasks import EdgeKind, TaskGraph
 from slidedp.sim.resources import REL_EPS, Flow, allocate_cores, fill_speeds, task_flows_spec
 from slidedp.spec.hardware import HardwareSpec
@@ -196,7 +196,7 @@ def run_graph(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: Hardwar
     succ_ptr = np.searchsorted(g.edge_src[keep][order], np.arange(n + 1)).tolist()
     dur = durations.tolist()
     specs = task_flows_spec(g, durations, use, hw, cfg.collective_sm_fraction) if cfg.contention else None
-    threads = g.threads.tolist()
+    threads = held_cores(g).tolist()  # a team's share of the cores (build.core_share)
     pools = {i: float(use.capacity[i]) for i, nm in enumerate(use.names) if nm.endswith(".cores")}
     start, finish, core_s = [math.nan] * n, [math.nan] * n, [0.0] * n
     env = simpy.Environment()
