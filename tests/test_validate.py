@@ -12,7 +12,7 @@ from slidedp.cli import main
 from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import GradRoute, ParamRoute
 from slidedp.validate import store
-from slidedp.validate.cases import case_toml, load_cases, parse_cases
+from slidedp.validate.cases import case_toml, load_cases, parse_case_spec, parse_cases
 from slidedp.validate.traces import load_trace
 
 ROOT = Path(__file__).parents[1]
@@ -163,3 +163,15 @@ def test_tiny_cpu_run_writes_every_file(tmp_path):
         pred = json.loads((f / store.PREDICTED).read_text())
         assert {"analytic", "simulated", "hardware"} <= set(pred) and pred["hardware"]["sha256"]
     assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 3
+
+
+def test_case_spec_parses_plan_overrides_and_names_bad_fields():
+    gb, mb, plan = parse_case_spec("16:4:replicated:cpu:rank0:window_slots=36:h2d_chunk_mib=16.0")
+    assert (gb, mb, str(plan.param_route), str(plan.grad_route), plan.window_slots,
+            plan.h2d_chunk_mib) == (16, 4, "replicated", "cpu", 36, 16.0)
+    with pytest.raises(SpecError, match="plan.window_size"):
+        parse_case_spec("8:4:sharded:gpu:rank0:window_size=3")
+    with pytest.raises(SpecError, match="GB:MB"):
+        parse_case_spec("8:4:sharded")
+    with pytest.raises(SpecError, match="param_route"):
+        parse_case_spec("8:4:diagonal:gpu:rank0")
