@@ -52,7 +52,7 @@ from typing import Any
 from slidedp.spec.errors import SpecError
 
 FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "qwen3_moe")
-ACTIVATION_POLICIES = ("layer", "none")  # computed here; the others in slidedp.spec.segments
+ACTIVATION_POLICIES = ("layer", "none")  # named here; bytes other than "layer" in slidedp.spec.segments
 BF16 = 2  # bytes per element of activations
 FP32 = 4
 
@@ -239,27 +239,21 @@ class ModelSpec:
           h      normed h1 (gate/up input)
           4 w    gate output, up output, SiLU(gate), SiLU(gate) * up (down_proj input)
         plus fp32 terms: attention logsumexp (4 n_q bytes), one rstd per RMSNorm row (4 x 2, and
-        4 (n_q + n_kv) for q_norm/k_norm). Norms are counted as fused kernels that keep their bf16
-        input and fp32 rstd. w = f (dense) or e m (MoE); MoE adds the e gathered expert inputs
-        (e h) and the router probabilities (E, fp32).
+        4 (n_q + n_kv) for q_norm/k_norm). w = f (dense) or e m (MoE); MoE adds the e gathered
+        expert inputs (e h) and the router probabilities (E, fp32). The norms are transformers'
+        eager RMSNorm, which the executor runs: each keeps 6 B per element more (its fp32 input
+        copy and the normalized bf16 tensor; 12 h for the two layer norms, and q_norm / k_norm
+        keep fp32 q, k instead of the bf16 ones: 4 (q + k) more); slidedp.spec.segments
+        (segment_costs, EAGER_NORM_BYTES) is where these bytes are counted.
         """
-        if policy not in ACTIVATION_POLICIES:  # sac, seg:<mask>: slidedp.spec.segments
-            from slidedp.spec.segments import parse_policy, policy_cost  # they import this module
+        if policy == "layer":
+            return float(BF16 * self.hidden)
+        from slidedp.spec.segments import parse_policy, policy_cost  # they import this module
 
+        if policy not in ACTIVATION_POLICIES:  # sac, seg:<mask>
             parsed = parse_policy(policy, "activation policy", "policy")
             return policy_cost(self, parsed, 1, layer).retained_bytes  # retained bytes ignore seq
-        h, q, k = self.hidden, self._q(), self._kv()
-        if policy == "layer":
-            return float(BF16 * h)
-        elems = 4 * h + (q + k) + k + 2 * q + 4 * self._mlp_width(layer)
-        fp32 = self.n_heads + 2
-        if self.qk_norm:
-            elems += q + k
-            fp32 += self.n_heads + self.n_kv_heads
-        if self.is_moe_layer(layer):
-            elems += self.experts_per_token * h
-            fp32 += self.n_experts
-        return float(BF16 * elems + FP32 * fp32)
+        return policy_cost(self, "none", 1, layer).retained_bytes
 
     def backward_transient_bytes_per_token(self, layer: int | None = None) -> float:
         """Peak bytes per token that coexist while one layer's recompute + backward runs ("layer").

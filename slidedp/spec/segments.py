@@ -15,9 +15,20 @@ Segments of a Qwen3/Llama/Qwen2/Mistral decoder layer (x: the layer input; out: 
   7  down_residual   out = h1 + down_proj(a)                           (the layer output)
 Boundaries 0..6 are the outputs of segments 0..6 (widths in elements per token; bf16).
 Besides its input, a segment's backward needs "internal" tensors autograd saves inside it:
-  0: rstd (fp32)   1: q, k before q_norm/k_norm and their rstd (qwen3 only)   2: logsumexp (fp32)
-  3: the contiguous o_proj input copy (q)   4: rstd   5: MoE only: gathered expert inputs (e h)
-  and router probabilities (E, fp32)   6: SiLU(g) (w)   7: none
+  0: rstd (fp32) + the eager norm's 6 h   1: q, k before q_norm/k_norm, their rstd and the eager
+  norms' 4 (q + k) (qwen3 only)   2: logsumexp (fp32)   3: the contiguous o_proj input copy (q)
+  4: rstd + the eager norm's 6 h   5: MoE only: gathered expert inputs (e h) and router
+  probabilities (E, fp32)   6: SiLU(g) (w)   7: none
+The norms are the ops the executor runs: transformers' eager RMSNorm (x.to(fp32), pow, mean,
+rsqrt, mul, .to(bf16), weight *), on the GPU as on the CPU (it calls the HF modules; no fused
+norm kernel), which saves its fp32 input copy (4 B per element) and the normalized bf16 tensor
+before the weight (2 B) besides rstd: EAGER_NORM_BYTES = 6 per normalized element more than a
+fused norm (measured by slidedp.exec.policy_profile, tests/test_exec_policy_profile.py). For
+q_norm / k_norm the bf16 q, k the model counts are not kept (the fp32 copies are): 4 (q + k)
+more. The o_proj input copy (2 q) is kept as an upper bound: SDPA on the CPU and the flash /
+efficient CUDA kernels return the attention output already in o_proj's (batch, seq, heads)
+order, so o.transpose(1, 2).contiguous() copies nothing there (measured on the CPU: 2 q fewer
+bytes); another attention backend may copy, so the memory check keeps it (conservative).
 x + boundaries + internals is exactly ModelSpec.activation_bytes_per_token("none").
 
 Policies (their names are what plan.layer_policies holds):
@@ -61,6 +72,11 @@ SEGMENTS = (
 N_BOUNDARIES = len(SEGMENTS) - 1  # 7: the mask width
 ALL_KEPT = (1 << N_BOUNDARIES) - 1
 SEG_PREFIX = "seg:"
+# transformers' eager RMSNorm keeps, per normalized element, its fp32 input copy (4 B) and the
+# normalized bf16 tensor before the weight (2 B) besides rstd (module docstring)
+EAGER_NORM_BYTES = FP32 + BF16
+# q_norm / k_norm: those 6 B per element instead of the bf16 q, k the fused count keeps (2 B)
+EAGER_QK_NORM_EXTRA = EAGER_NORM_BYTES - BF16
 
 
 @dataclass(frozen=True)
@@ -129,9 +145,11 @@ def segment_costs(m: ModelSpec, seq: int, layer: int | None = None) -> SegmentCo
     gather = 4.0 * m.experts_per_token * h if moe else 0.0
     hbm = (4.0 * h, qk_elementwise, 0.0, 6.0 * h, 4.0 * h, gather, 6.0 * w, 6.0 * h)
     bnd = tuple(BF16 * e for e in (h, q + 2 * k, q, h, h, 2 * w, w))
-    qk_int = BF16 * (q + k) + FP32 * (m.n_heads + m.n_kv_heads) if m.qk_norm else 0.0
+    qk_int = ((BF16 + EAGER_QK_NORM_EXTRA) * (q + k) + FP32 * (m.n_heads + m.n_kv_heads)
+              if m.qk_norm else 0.0)
     moe_int = BF16 * m.experts_per_token * h + FP32 * m.n_experts if moe else 0.0
-    internal = (FP32, qk_int, FP32 * m.n_heads, BF16 * q, FP32, moe_int, BF16 * w, 0.0)
+    norm_int = FP32 + EAGER_NORM_BYTES * h
+    internal = (norm_int, qk_int, FP32 * m.n_heads, BF16 * q, norm_int, moe_int, BF16 * w, 0.0)
     return SegmentCosts(float(BF16 * h), flops, hbm, bnd, internal)
 
 
