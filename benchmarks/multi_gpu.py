@@ -7,6 +7,7 @@ Run under torchrun (R > 1) or plainly (R = 1, no process group):
       benchmarks/multi_gpu.py OUT.jsonl MODEL CASE [CASE ...]
 CASE = GLOBAL_BATCH:MICRO_BATCH:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING[:FIELD=VALUE...], e.g.
 8:4:sharded:gpu:rank0 or 8:4:sharded:gpu:rank0:window_slots=36 (any Plan field, value as TOML),
+or GB:MB:plan=FILE[:FIELD=VALUE...] (a plan TOML, e.g. from `slidedp plan`),
 or ref:MICRO_BATCH for the compute-only reference (one process, before the host state exists).
 The host state (random weights, slidedp.validate.runner.fill_random) is built once and trained
 through every case in turn; each case runs `--iters` steps, the mean of the steps after

@@ -175,3 +175,13 @@ def test_case_spec_parses_plan_overrides_and_names_bad_fields():
         parse_case_spec("8:4:sharded")
     with pytest.raises(SpecError, match="param_route"):
         parse_case_spec("8:4:diagonal:gpu:rank0")
+
+
+def test_case_spec_reads_a_plan_file(tmp_path):
+    f = tmp_path / "plan.toml"
+    f.write_text('[plan]\nparam_route = "replicated"\nwindow_slots = 5\nlayer_policies = ["none", "layer"]\n')
+    gb, mb, plan = parse_case_spec(f"8:2:plan={f}:window_slots=7")
+    assert (gb, mb, str(plan.param_route), plan.window_slots, plan.layer_policies) == (
+        8, 2, "replicated", 7, ("none", "layer"))
+    with pytest.raises(SpecError, match="missing.toml"):
+        parse_case_spec(f"8:2:plan={tmp_path / 'missing.toml'}")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import ModelSpec, load_model
-from slidedp.spec.plan import Plan, parse_plan, plan_dict
+from slidedp.spec.plan import Plan, load_plan, parse_plan, plan_dict
 from slidedp.spec.tomlio import Table, read_toml
 from slidedp.spec.workload import Workload
 
@@ -102,23 +102,30 @@ def parse_cases(data: dict, where: str) -> list[Case]:
 
 def parse_case_spec(spec: str) -> tuple[int, int, Plan]:
     """(global batch, micro-batch, plan) of the benchmarks' one-line case syntax
-    GB:MB:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING[:FIELD=VALUE...] (any Plan field, value as TOML),
-    e.g. 16:4:sharded:gpu:rank0:window_slots=36; the plan is over Plan()'s defaults."""
-    parts = spec.split(":")
-    if len(parts) < 5:
-        raise SpecError(f"case {spec!r}", "<case>", "GB:MB:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING"
-                        "[:FIELD=VALUE...]")
-    gb, mb, pr, gr, us, *extra = parts
-    table: dict = {"param_route": pr, "grad_route": gr, "update_sharding": us}
-    for item in extra:
-        key, eq, text = item.partition("=")
+    GB:MB:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING[:FIELD=VALUE...] (any Plan field, value as TOML,
+    over Plan()'s defaults), e.g. 16:4:sharded:gpu:rank0:window_slots=36, or
+    GB:MB:plan=FILE[:FIELD=VALUE...] for a plan TOML (e.g. one `slidedp plan` chose)."""
+    where = f"case {spec!r}"
+    gb, mb, *rest = spec.split(":")
+    table: dict = {}
+    if rest and rest[0].startswith("plan="):
+        table = plan_dict(load_plan(rest[0][len("plan="):]))
+        rest = rest[1:]
+    elif len(rest) >= 3:
+        table = {"param_route": rest[0], "grad_route": rest[1], "update_sharding": rest[2]}
+        rest = rest[3:]
+    else:
+        raise SpecError(where, "<case>", "GB:MB:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING"
+                        "[:FIELD=VALUE...] or GB:MB:plan=FILE[:FIELD=VALUE...]")
+    for item in rest:
+        key, _, text = item.partition("=")
         try:
             table[key] = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
-            raise SpecError(f"case {spec!r}", key, "FIELD=VALUE with a TOML value") from None
+            raise SpecError(where, key, "FIELD=VALUE with a TOML value") from None
     if not (gb.isdigit() and mb.isdigit()):
-        raise SpecError(f"case {spec!r}", "GB:MB", f"two positive integers, got {gb}:{mb}")
-    return int(gb), int(mb), parse_plan({"plan": table}, f"case {spec!r}")
+        raise SpecError(where, "GB:MB", f"two positive integers, got {gb}:{mb}")
+    return int(gb), int(mb), parse_plan({"plan": table}, where)
 
 
 def load_cases(path: str | Path) -> list[Case]:
