@@ -4,7 +4,8 @@ channel, and the error statistics, as SUMMARY.md and summary.csv under the valid
 Error of a prediction p of a measured step m: (p - m) / m (signed; positive = predicted slower).
 MAPE = mean of |error| over the cases, max = the largest |error| (and its case). Statistics are
 given over every case and per (machine, hardware) group, since cases measured on different
-machines are predicted with different hardware files.
+machines are predicted with different hardware files, and per measurement run (the results file a
+case was imported from: runs differ in executor version, see each run's notes).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def case_row(folder: Path) -> dict:
            "micro_batch": case.micro_batch, "param_route": str(p.param_route),
            "grad_route": str(p.grad_route), "update_sharding": str(p.update_sharding),
            "chunk_mib": p.h2d_chunk_mib, "host_bf16_copy": p.host_bf16_copy,
-           "measured_s": meas["step_time_s"], "hardware": pred.get("hardware", {}).get("name", "")}
+           "measured_s": meas["step_time_s"], "hardware": pred.get("hardware", {}).get("name", ""),
+           "source": Path(meas.get("source") or "").name}
     for m in MODELS:
         s = pred.get(m, {}).get("step_time_s")
         row[f"{m}_s"] = s
@@ -87,6 +89,21 @@ def markdown(root: Path, rows: list[dict]) -> str:
         a, s = error_stats(part, "analytic"), error_stats(part, "simulated")
         out.append(f"| {len(part)} | {machine} | {hw} | {_pct(a['mape'])} | {_pct(a['max'])} | "
                    f"{_pct(s['mape'])} | {_pct(s['max'])} |")
+    by_source: dict[str, list[dict]] = {}
+    for r in rows:
+        by_source.setdefault(r["source"], []).append(r)
+    out += ["", "By measurement run (the benchmark results file the cases were imported from; each "
+            "run's executor version and conditions are in its notes below):", "",
+            "| cases | source | machine | hardware | analytic MAPE | analytic max | simulated MAPE "
+            "| simulated max | worst case (simulated) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for src, part in by_source.items():
+        a, s = error_stats(part, "analytic"), error_stats(part, "simulated")
+        machines = ", ".join(sorted({r["machine"] for r in part}))
+        hws = ", ".join(sorted({r["hardware"] for r in part}))
+        out.append(f"| {len(part)} | {src or '-'} | {machines} | {hws} | {_pct(a['mape'])} | "
+                   f"{_pct(a['max'])} | {_pct(s['mape'])} | {_pct(s['max'])} | "
+                   f"{s['max_case'] or ''} |")
     out += ["", "| case | R | gb:mb | routes (param/grad/update) | measured s | analytic s | "
             "simulated s | bound (sim): by (busiest host resource) | busy s measured / simulated: upload, compute, download, update |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
