@@ -11,7 +11,7 @@ The choice (commands/choose.py, policy/auto.py) is made before anything large is
              the update) are kept; routes, chunks and the window are AutoPolicy's to choose, so
              passing them with --plan auto is refused.
   policies   only the activation policies the executor runs on --device (policy/probe.py
-             runs_policy; today only `layer`).
+             runs_policy: every policy of spec/segments.py since the executor runs them all).
   probes     one rank (--nproc 1): every finalist runs a few real steps on --device (random
              weights, one host state closed again before training); with --nproc > 1 nothing is
              probed and the report says so.
