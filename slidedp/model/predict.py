@@ -92,6 +92,32 @@ def agent_busy_s(g: TaskGraph, durations: np.ndarray, iteration: int) -> dict[st
     return {f"agent:{a}": float(b) for a, b in zip(g.agents, busy, strict=True)}
 
 
+@dataclass(frozen=True)
+class GraphBounds:
+    """The analytic figures of one task graph: per-resource / per-agent busy seconds of its last
+    iteration, their maximum (the lower bound), the longest-path schedule, each iteration's end,
+    and the critical-path step (the distance between the last two ends; the makespan of a
+    one-iteration graph)."""
+
+    busy_s: dict[str, float]
+    lower_bound_s: float
+    bottleneck: str
+    schedule: object  # critical_path.Schedule
+    ends_s: list[float]
+    critical_path_s: float
+
+
+def graph_bounds(g: TaskGraph, durations: np.ndarray, use) -> GraphBounds:
+    """Lower bound and critical-path step of `g` (module docstring); shared with the simulator."""
+    last = g.n_iterations - 1
+    busy = {**resource_bound(g, use, last).busy_s, **agent_busy_s(g, durations, last)}
+    bottleneck = max(busy, key=busy.get)
+    sched = longest_path(g, durations)
+    ends = [float(sched.finish_s[g.iteration == t].max()) for t in range(g.n_iterations)]
+    step = ends[-1] - ends[-2] if len(ends) > 1 else ends[-1]
+    return GraphBounds(busy, busy[bottleneck], bottleneck, sched, ends, step)
+
+
 def predict(hw: HardwareSpec, wl: Workload, plan: Plan) -> Prediction:
     """Check memory, build the graph, evaluate bounds and the recurrence (see module docstring)."""
     t0 = time.perf_counter()
@@ -100,13 +126,9 @@ def predict(hw: HardwareSpec, wl: Workload, plan: Plan) -> Prediction:
     d = task_durations(g, hw, wl)
     use = resource_use(g, hw, d)
     last = STEADY_ITERATIONS - 1
-    rb = resource_bound(g, use, last)
-    busy = {**rb.busy_s, **agent_busy_s(g, d, last)}
-    lower = max(busy.values())
-    bottleneck = max(busy, key=busy.get)
-    sched = longest_path(g, d)
-    ends = [float(sched.finish_s[g.iteration == t].max()) for t in range(STEADY_ITERATIONS)]
-    cp_step = ends[-1] - ends[-2]
+    gb = graph_bounds(g, d, use)
+    busy, lower, bottleneck = gb.busy_s, gb.lower_bound_s, gb.bottleneck
+    sched, ends, cp_step = gb.schedule, gb.ends_s, gb.critical_path_s
     step = max(lower, cp_step)
 
     compute_keys = [k for k in busy if k.endswith(".compute")]

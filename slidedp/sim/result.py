@@ -207,3 +207,20 @@ def _union_length(s: np.ndarray, f: np.ndarray) -> float:
     idx = np.flatnonzero(new)
     ends = np.append(f[idx[1:] - 1], f[-1])
     return float((ends - s[idx]).sum())
+
+
+HOST_CHANNELS = ("UPLOAD", "ACTIVATION", "DOWNLOAD", "UPDATE")
+
+
+def result_row(res: SimResult, **keys) -> dict:
+    """One table row of a simulated point: `keys` (what identifies it), then the step, throughput,
+    C / H, the GPU's idle time in all and on host channels, the analytic step, and the idle
+    seconds per channel (studies and sweeps write the same columns)."""
+    exp = res.exposed_by_channel_s
+    return keys | {
+        "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s,
+        "compute_s": res.compute_s, "host_s": res.host[1], "host_resource": res.host[0],
+        "host_idle_s": sum(exp.get(c, 0.0) for c in HOST_CHANNELS),
+        "gpu_idle_s": sum(exp.values()),
+        "analytic_step_s": res.analytic_step_s,
+        **{f"idle_{c.lower()}_s": v for c, v in exp.items()}}

@@ -12,10 +12,8 @@ import numpy as np
 from slidedp.graph.build import build_graph
 from slidedp.graph.costs import resource_use, task_durations
 from slidedp.graph.tasks import TaskGraph
-from slidedp.model.bounds import resource_bound
-from slidedp.model.critical_path import longest_path
 from slidedp.model.memory import check_fits
-from slidedp.model.predict import agent_busy_s
+from slidedp.model.predict import graph_bounds
 from slidedp.sim.engine import SimConfig, run_graph
 from slidedp.sim.result import SimResult
 from slidedp.spec.errors import SpecError
@@ -44,12 +42,9 @@ def check_routes(wl: Workload, plan: Plan, explicit: set[str], where: str = "com
 def analytic(g: TaskGraph, durations: np.ndarray, use) -> dict[str, float]:
     """The analytic model's lower bound and critical-path step on the same graph (a one-iteration
     graph: its makespan)."""
-    last = g.n_iterations - 1
-    busy = {**resource_bound(g, use, last).busy_s, **agent_busy_s(g, durations, last)}
-    sched = longest_path(g, durations)
-    ends = [float(sched.finish_s[g.iteration == t].max()) for t in range(g.n_iterations)]
-    step = ends[-1] - ends[-2] if len(ends) > 1 else ends[-1]
-    return {"lower_bound_s": max(busy.values()), "critical_path_s": step, "makespan_s": ends[-1]}
+    gb = graph_bounds(g, durations, use)
+    return {"lower_bound_s": gb.lower_bound_s, "critical_path_s": gb.critical_path_s,
+            "makespan_s": gb.ends_s[-1]}
 
 
 def simulate_graph(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray, cfg: SimConfig,

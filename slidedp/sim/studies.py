@@ -12,13 +12,13 @@ from __future__ import annotations
 import pandas as pd
 
 from slidedp.sim.engine import SimConfig
+from slidedp.sim.result import result_row
 from slidedp.sim.simulator import simulate
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
 from slidedp.spec.workload import Workload
 
-HOST_CHANNELS = ("UPLOAD", "ACTIVATION", "DOWNLOAD", "UPDATE")
 MIB = 2**20
 
 
@@ -34,17 +34,6 @@ def slidedp_plan() -> Plan:
                 d2h_chunk_mib=64.0)
 
 
-def _row(res, **keys) -> dict:
-    exp = res.exposed_by_channel_s
-    return keys | {
-        "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s,
-        "compute_s": res.compute_s, "host_s": res.host[1], "host_resource": res.host[0],
-        "host_idle_s": sum(exp.get(c, 0.0) for c in HOST_CHANNELS),
-        "gpu_idle_s": sum(exp.values()),
-        "analytic_step_s": res.analytic_step_s,
-        **{f"idle_{c.lower()}_s": v for c, v in exp.items()}}
-
-
 def strong_scaling(hardware: str, model: str, global_batch: int, gpus: list[int],
                    plans: dict[str, Plan], seq: int = 4096, micro_batch: int = 1) -> pd.DataFrame:
     """Fixed global batch, more GPUs (fewer accumulation steps each): one row per (plan, GPUs)."""
@@ -53,7 +42,7 @@ def strong_scaling(hardware: str, model: str, global_batch: int, gpus: list[int]
     for name, plan in plans.items():
         for r in gpus:
             res = simulate(hw, Workload(m, seq, global_batch, micro_batch, r), plan, SimConfig())
-            rows.append(_row(res, plan=name, gpus=r))
+            rows.append(result_row(res, plan=name, gpus=r))
     return pd.DataFrame(rows)
 
 
@@ -67,5 +56,5 @@ def route_choice(hardware: list[str], model: str, gpus: int, micro_batch: int,
         for route in ParamRoute:
             plan = Plan(param_route=route, grad_route=GradRoute.GPU)
             res = simulate(hw, Workload(m, seq, micro_batch * gpus, micro_batch, gpus), plan)
-            rows.append(_row(res, hardware=name, param_route=route.value))
+            rows.append(result_row(res, hardware=name, param_route=route.value))
     return pd.DataFrame(rows)

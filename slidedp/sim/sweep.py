@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from slidedp.sim.engine import SimConfig
+from slidedp.sim.result import result_row
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import load_hardware
@@ -115,11 +116,5 @@ def run_sweep(spec: SweepSpec, progress: Callable | None = None) -> list[dict]:
         except (SpecError, InfeasiblePlan) as e:
             rows.append(row | {"error": str(e)})
             continue
-        exp = res.exposed_by_channel_s
-        rows.append(row | {
-            "step_time_s": res.step_time_s, "tokens_per_s": res.tokens_per_s,
-            "analytic_step_s": res.analytic_step_s,
-            "compute_s": res.compute_s, "host_s": res.host[1], "host_resource": res.host[0],
-            "gpu_idle_s": sum(exp.values()),
-            **{f"idle_{k.lower()}_s": v for k, v in exp.items()}, "error": ""})
+        rows.append(result_row(res, **row) | {"error": ""})
     return rows
