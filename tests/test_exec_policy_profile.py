@@ -5,8 +5,13 @@ CPU, BF16, one layer of the tiny qwen3 and llama configs. Stated tolerance: exac
 RMSNorm as the executor runs it: slidedp.spec.segments.EAGER_NORM_BYTES); a kept segment 3 is
 exactly 2 q bytes per token fewer than the model: on the CPU SDPA's output is already in o_proj's
 order, so the o_proj input copy the model keeps as a GPU upper bound does not happen (segments.py
-docstring). Any other drift fails.
+docstring); kept segments 3 and 4 together are 2 h bytes per token fewer: the executor keeps
+boundary 3 (h1) only where a recompute starts from it (segment 4 recomputed); no backward reads
+the BF16 h1 (the eager post-norm saves its FP32 copy, the residual adds nothing). Any other drift
+fails.
 """
+
+import json
 
 import pytest
 import torch
@@ -16,7 +21,7 @@ from test_exec_engine import CONFIGS
 
 from slidedp.exec.policy_profile import profile_layer_policy
 from slidedp.spec.errors import SpecError
-from slidedp.spec.model import parse_hf_config
+from slidedp.spec.model import parse_hf_config, preset_dir
 from slidedp.spec.segments import BF16, parse_policy, policy_cost
 
 SEQ, MB = 32, 2
@@ -29,7 +34,7 @@ def _eager_difference(m, policy: str) -> float:
     if p.kind in ("layer", "sac"):
         return 0.0
     kept = {s for s in range(7) if p.kind == "none" or p.mask >> s & 1}
-    return -BF16 * q * (3 in kept)
+    return -BF16 * q * (3 in kept) - BF16 * m.hidden * (3 in kept and 4 in kept)
 
 
 def _check(family: str, policy: str, ratio: float = 0.0):
@@ -76,3 +81,18 @@ def test_cuda_measures_allocated_bytes():
                                 offload_ratio=0.5)
     assert prof.retained_alloc_bytes >= prof.retained_bytes * 0.5
     assert prof.transient_peak_bytes > 0
+
+
+@pytest.mark.gpu
+def test_cuda_policies_cost_what_they_recompute():
+    """One Qwen3-0.6B layer in BF16, micro-batch 2 x 2048 tokens: "none" (and seg:0b1111111, the
+    same) skips the recompute, so it is faster than the whole-layer checkpoint; seg:0b0000000
+    recomputes a little less than "layer" (not down_proj): not slower, 5 % slack for noise."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    cfg = json.loads((preset_dir() / "qwen3-0.6b.json").read_text())
+    t = {p: profile_layer_policy(cfg, p, 2, 2048, device="cuda", repeats=7).compute_s
+         for p in ("layer", "none", "seg:0b1111111", "seg:0b0000000")}
+    assert t["none"] < t["layer"], t
+    assert t["seg:0b1111111"] < t["layer"], t
+    assert t["seg:0b0000000"] < 1.05 * t["layer"], t

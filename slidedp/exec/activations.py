@@ -2,8 +2,8 @@
 
 A layer's activation policy (slidedp.spec.segments; policy_runner.py runs it) keeps, per
 micro-batch b, a list of entries: whole tensor storages, the layer input x first, then, in the
-order the forward meets them, the boundaries the policy keeps and every tensor autograd saves in
-the pieces it does not recompute (one entry per storage however many views of it are saved;
+order the forward meets them, every tensor autograd saves in the pieces it does not recompute and
+the values its recompute starts from (one entry per storage however many views of it are saved;
 parameters, which live in the window's slots, and the step's RoPE tables are never entries). The
 entry sizes of a layer are the same every step and every micro-batch: its layout, found once at
 construction (policy_runner.kept_layout), so every buffer below is reserved then.
@@ -20,11 +20,21 @@ ACT_RELOAD copies host[l-1] into GPU reload buffer l mod reload_ahead_layers (th
 ACT_RELOAD `buffer`); `tensor` rebuilds a kept tensor from its resident and reloaded parts. Host
 parts of entries start at multiples of ALIGN bytes, so a wholly offloaded entry is used in place
 in the reload buffer; the straddling one is joined with its tail (a copy, during backward).
+
+Copies, decided: a resident entry is a reference to the storage the forward produced (nothing is
+copied at r = 0). The copies per layer and micro-batch are exactly the offloaded bytes (D2H into
+host, H2D into reload) plus, at most once, the straddling entry's resident tail and its join:
+copying that tail lets the entry's whole storage be freed after ACT_OFFLOAD, so the device holds
+(1 - r) of the kept bytes and no more. The buffers that receive copies (host, reload, tail) are
+reserved at construction from the layout: the device memory for kept activations is bounded by
+the layout (resident parts + reload_ahead_layers reload buffers + one tail per layer) and does
+not depend on allocator reuse across steps; resident references need no reservation (they are
+the forward's own tensors, released by `release` after the layer's backward).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -33,8 +43,7 @@ from slidedp.exec.staging import PinnedPool
 ALIGN = 64  # bytes: start of each entry's part in the host and reload buffers
 
 
-@dataclass(frozen=True)
-class Kept:
+class Kept(NamedTuple):  # a NamedTuple: one is made per saved tensor per layer and micro-batch
     """A kept tensor: entry k of layer `layer`, micro-batch b, seen as (dtype, size, stride,
     storage offset in elements)."""
 

@@ -61,14 +61,16 @@ P = accum_steps x micro_batch. Compute tasks cover all of a rank's micro-batches
     EMBED_FWD   embeds every micro-batch; keeps layer 1's input
     FWD(l)      runs every micro-batch through layer l under layer l's activation policy
                 (plan.policy_of(l), slidedp.spec.segments; policy_runner.py): "layer" without
-                autograd; the others segment by segment, keeping what the policy keeps (the
-                boundaries of its mask, sac's matmul and attention outputs, autograd's state of
-                the segments it does not recompute; "none" keeps it all); keeps layer l+1's input
+                autograd; the others build one autograd graph per micro-batch, keeping what
+                autograd saves outside the segments / ops the policy recomputes and the tensors
+                its recompute starts from ("none" keeps all autograd saves); keeps layer l+1's
+                input
     HEAD_LOSS   final norm + chunked linear/cross-entropy (loss.py), forward and backward
     RECOMPUTE(l) (only where the policy recomputes something) re-runs, with autograd, what the
                 policy recomputes, for micro-batch 0: the whole layer from its input ("layer"),
                 or the segments / ops it did not keep, from the nearest kept tensors; BWD(l)
-                back-propagates micro-batch b and recomputes b+1 first, so one micro-batch's
+                back-propagates micro-batch b (one autograd.grad per micro-batch, whatever the
+                policy) and recomputes b+1 first, so one micro-batch's
                 recomputed graph is alive at a time (memory.py's `transient` term), and drops
                 what b kept once its backward is done; the gradients of all micro-batches
                 accumulate in the gradient buffer

@@ -19,13 +19,14 @@ Parameters are random (values do not change what is kept); the layer is layer 1 
 config.
 
 Measured against the model (tests/test_exec_policy_profile.py, CPU, bf16): retained_bytes equals
-policy_cost's retained bytes x tokens exactly for "layer", "sac" and the masks whose kept
-segments are 2, 5, 6 (and 1 without q/k norms); a kept segment 0 or 4 keeps 6 h bytes per token
-more (transformers' eager RMSNorm saves its FP32 input copy and its normalized BF16 tensor, the
-model a fused norm's rstd), a kept segment 1 with q/k norms 4 (q + k) more (FP32 copies of q, k
-instead of the BF16 ones), and a kept segment 3 2 q less (SDPA's output is already in o_proj's
-order: o.transpose(1, 2).contiguous() copies nothing). Nothing here is wired into slidedp.policy: a caller (AutoPolicy's profiling stage) can
-compare these figures with slidedp.spec.segments.policy_cost.
+policy_cost's retained bytes x tokens exactly for "layer", "sac" and every mask that does not keep
+segment 3 (the model counts transformers' eager RMSNorm as the executor runs it); a kept segment 3
+keeps 2 q bytes per token less (SDPA's output is already in o_proj's order: o.transpose(1, 2)
+.contiguous() copies nothing), and kept segments 3 and 4 together 2 h less (policy_runner keeps
+boundary 3, h1, only where a recompute starts from it, i.e. segment 4 is recomputed; otherwise no
+backward reads the BF16 h1: the eager post-norm saves its FP32 copy, the residual adds nothing).
+Nothing here is wired into slidedp.policy: a caller (AutoPolicy's profiling stage) can compare
+these figures with slidedp.spec.segments.policy_cost.
 """
 
 from __future__ import annotations

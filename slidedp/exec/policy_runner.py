@@ -5,24 +5,39 @@ goes to the layer's KeptActivations entries (activations.py), which offload rati
 
     "layer"   forward without autograd; recompute re-runs the HF layer with autograd from x (as
               ModelRunner.layer_forward); backward is one autograd.grad through it.
-    the rest  the layer as segment_layer's pieces. A policy is a PiecePlan: the pieces it
-              recomputes and the values it keeps besides what autograd saves:
-                seg:mask  recomputes the pieces of segment s < 7 iff boundary s is not kept;
-                          keeps x and the kept boundaries (BOUNDARY_VALUES)
-                none      = seg:0b1111111: recomputes nothing
+    the rest  ONE autograd graph per (layer, micro-batch), built by the forward, kept until the
+              backward, back-propagated by ONE autograd.grad. The layer runs as segment_layer's
+              pieces (the HF layer's own ops, in its order), or as the HF layer itself where the
+              policy recomputes nothing; a policy is a PiecePlan: the pieces it recomputes, and
+              the values it keeps besides what autograd saves (the inputs of recomputed pieces
+              that no recomputed piece produces: what the recompute starts from)
+                seg:mask  recomputes the pieces of segment s < 7 iff boundary s is not kept; keeps
+                          x and the kept boundaries a recomputed piece reads
+                none      = seg:0b1111111: recomputes nothing, keeps what autograd saves (and x)
                 sac       recomputes input_norm, qk_norm_rope, o_copy, post_norm, act_mul (the
-                          memory-bound ops); keeps x, q_pre, k_pre, v, o, h1, g, u
-              Forward runs every piece in order: a recomputed one without autograd, the others
-              with it, each from its inputs entered through an _Entry node (a graph input that
-              holds no tensor) under saved_tensors_hooks: a saved tensor whose storage is a
-              parameter slot or the RoPE table is kept by reference, one produced by a recomputed
-              piece is replaced by a placeholder (recompute brings it back), any other becomes a
-              kept entry. Only GradientEdges of a piece's inputs and outputs are held, so after
-              the forward the layer holds exactly its kept entries. Recompute re-runs the
-              recomputed pieces with autograd, from kept values and earlier recomputed ones.
-              Backward walks the pieces from last to first, one autograd.grad each, the gradient
-              of a value summed over its consumers (x and h1 have two: a sum of two terms, the
-              same as autograd's for the HF layer, so gradients equal ModelRunner's).
+                          memory-bound ops); keeps x, q_pre, k_pre, o, h1, g, u (v, o's logsumexp
+                          are saved by attention)
+              Forward: every piece with autograd, from x entered through an _Entry node (a graph
+              input that holds no tensor), under saved_tensors_hooks whose pack decides what
+              each saved tensor becomes:
+                parameter slot, RoPE table,   the tensor itself (a reference: the slot holds the
+                another device's tensor       layer's parameters again at its backward)
+                saved inside a recomputed     a _Saved(piece, i) placeholder: the i-th tensor the
+                piece                         piece saves (recompute saves the same ones again)
+                a recomputed piece's output   a _Placeholder of that value (and view geometry)
+                (seen by a kept piece)
+                anything else                 a kept entry (KeptActivations.add: a reference to
+                                              its storage, or its offloaded part)
+              so after the forward the layer holds exactly its kept entries (the graph holds
+              GradientEdges of x's _Entry and of the output, and the parameter leaves).
+              Recompute re-runs the recomputed pieces with autograd from kept values and earlier
+              recomputed ones, recording the tensors each saves (same ops, same order; their
+              graph is dropped): unpack then returns them for the forward's placeholders.
+              Backward: one autograd.grad from the output to x and the parameters; autograd sums
+              the gradients of x and h1 over their two consumers as it does for the HF layer.
+Kept tensors are references, not copies (activations.py): the only per-step copies are the
+offloaded parts (ACT_OFFLOAD, ACT_RELOAD) and the resident tail of the one entry that straddles
+the offload split.
 """
 
 from __future__ import annotations
@@ -34,16 +49,16 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge, saved_tensors_
 
 from slidedp.exec.activations import Kept, KeptActivations
 from slidedp.exec.layer_runner import ModelRunner
-from slidedp.exec.segment_layer import BOUNDARY_VALUES, PIECES, SegmentLayer
+from slidedp.exec.segment_layer import PIECES, SegmentLayer
 from slidedp.spec.segments import ALL_KEPT, LayerPolicy, recomputed_segments
 
 SAC_RECOMPUTED = frozenset({"input_norm", "qk_norm_rope", "o_copy", "post_norm", "act_mul"})
-SAC_KEPT = ("x", "q_pre", "k_pre", "v", "o", "h1", "g", "u")
 
 
 @dataclass(frozen=True)
 class PiecePlan:
-    """What a (non-"layer") policy recomputes (piece names) and keeps (value names)."""
+    """What a (non-"layer") policy recomputes (piece names) and keeps besides what autograd saves
+    (value names: x and the inputs of recomputed pieces that no recomputed piece produces)."""
 
     recomputed: frozenset[str]
     kept: tuple[str, ...]
@@ -51,11 +66,17 @@ class PiecePlan:
 
 def piece_plan(p: LayerPolicy) -> PiecePlan:
     if p.kind == "sac":
-        return PiecePlan(SAC_RECOMPUTED, SAC_KEPT)
-    mask = ALL_KEPT if p.kind == "none" else p.mask
-    redo = set(recomputed_segments(LayerPolicy("seg", mask)))
-    kept = ("x",) + tuple(v for i, vs in enumerate(BOUNDARY_VALUES) if mask >> i & 1 for v in vs)
-    return PiecePlan(frozenset(pc.name for pc in PIECES if pc.segment in redo), kept)
+        redo = SAC_RECOMPUTED
+    else:
+        mask = ALL_KEPT if p.kind == "none" else p.mask
+        segs = set(recomputed_segments(LayerPolicy("seg", mask)))
+        redo = frozenset(pc.name for pc in PIECES if pc.segment in segs)
+    made = {n for pc in PIECES if pc.name in redo for n in pc.outputs}
+    kept = ["x"]
+    for pc in PIECES:
+        if pc.name in redo:
+            kept += [n for n in pc.inputs if n not in made and n not in kept]
+    return PiecePlan(redo, tuple(kept))
 
 
 def recomputes(p: LayerPolicy) -> bool:
@@ -64,7 +85,7 @@ def recomputes(p: LayerPolicy) -> bool:
 
 
 class _Entry(torch.autograd.Function):
-    """A piece's input as a graph node that holds no tensor (so it can be released). Its output
+    """The layer input as a graph node that holds no tensor (so it can be released). Its output
     shares x's storage but is no autograd view of it: a view's grad_fn would be rebuilt (and
     refused) when another part of its base changes, as another slot of the reload buffer does."""
 
@@ -78,7 +99,7 @@ class _Entry(torch.autograd.Function):
 
 
 @dataclass
-class _PieceGraph:
+class _Graph:
     inputs: list[GradientEdge]
     outputs: list[GradientEdge]
     params: dict[str, torch.Tensor]  # leaves (views of the slot)
@@ -96,6 +117,14 @@ class _Placeholder:
     offset: int
 
 
+@dataclass(frozen=True)
+class _Saved:
+    """The i-th tensor autograd saves inside recomputed piece `piece` (recompute records it)."""
+
+    piece: str
+    i: int
+
+
 @dataclass
 class LayerState:
     """What one (layer, micro-batch) carries from forward to backward."""
@@ -103,9 +132,11 @@ class LayerState:
     layer: int
     b: int
     policy: LayerPolicy
-    graphs: dict[str, _PieceGraph] = field(default_factory=dict)
+    graph: _Graph | None = None
     kept: dict[str, Kept] = field(default_factory=dict)
+    n_saved: dict[str, int] = field(default_factory=dict)  # recomputed piece -> tensors it saves
     recomputed: dict[str, torch.Tensor] = field(default_factory=dict)  # filled by recompute
+    saved: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # filled by recompute
     ready: bool = False  # recompute done
 
 
@@ -131,11 +162,19 @@ class PolicyRunner:
         plan = piece_plan(policy)
         through = {t.untyped_storage().data_ptr() for t in (*params.values(), *rope)}
         made_by_recompute: dict[int, tuple[str, int]] = {}  # storage -> (value, its offset)
+        device = x.device
+        running: list[str | None] = [None]  # the recomputed piece being run, else None
 
         def pack(t):
+            piece = running[0]
+            if piece is not None:
+                i = st.n_saved[piece]
+                st.n_saved[piece] = i + 1
             ptr = t.untyped_storage().data_ptr()
-            if ptr in through:
+            if ptr in through or t.device != device:
                 return t
+            if piece is not None:
+                return _Saved(piece, i)
             if ptr in made_by_recompute:
                 name, base = made_by_recompute[ptr]
                 return _Placeholder(name, tuple(t.shape), t.stride(), t.storage_offset() - base)
@@ -144,35 +183,41 @@ class PolicyRunner:
         def unpack(h):
             if isinstance(h, torch.Tensor):
                 return h
+            if isinstance(h, _Saved):
+                return st.saved[h.piece][h.i]
             if isinstance(h, _Placeholder):
                 v = st.recomputed[h.value]
                 return v.as_strided(h.size, h.stride, v.storage_offset() + h.offset)
             return self.acts.tensor(h)
 
-        values = {"x": x}
-        for pc in PIECES:
-            ins = [values[n] for n in pc.inputs]
-            if pc.name in plan.recomputed:
-                with torch.no_grad():
-                    outs = self.pieces.run(pc, params, ins, rope)
-                made_by_recompute.update((o.untyped_storage().data_ptr(), (n, o.storage_offset()))
-                                         for n, o in zip(pc.outputs, outs, strict=True))
-            else:
-                with torch.enable_grad(), saved_tensors_hooks(pack, unpack):
-                    st.graphs[pc.name], outs = self._graph(pc, params, ins, rope)
-            values.update(zip(pc.outputs, (o.detach() for o in outs), strict=True))
-            for n in pc.outputs:
-                if n in plan.kept:
-                    st.kept[n] = acts.add(layer, b, values[n])
+        leaves = {k: p.detach().requires_grad_() for k, p in params.items()}
+        with torch.enable_grad(), saved_tensors_hooks(pack, unpack):
+            entry = _Entry.apply(self.anchor, x)
+            if not plan.recomputed:  # the HF layer itself: the same ops, one functional_call
+                out = self.runner.layer_forward(leaves, entry, rope)
+                st.kept["x"] = acts.add(layer, b, x)
+                st.graph = _Graph([get_gradient_edge(entry)], [get_gradient_edge(out)], leaves)
+                return out.detach(), st
+            values = {"x": entry}
+            for pc in PIECES:
+                redo = pc.name in plan.recomputed
+                if redo:
+                    running[0] = pc.name
+                    st.n_saved[pc.name] = 0
+                outs = self.pieces.run(pc, leaves, [values[n] for n in pc.inputs], rope)
+                running[0] = None
+                values.update(zip(pc.outputs, outs, strict=True))
+                if redo:
+                    made_by_recompute.update((o.untyped_storage().data_ptr(),
+                                              (n, o.storage_offset()))
+                                             for n, o in zip(pc.outputs, outs, strict=True))
+                for n in pc.outputs:
+                    if n in plan.kept:
+                        st.kept[n] = acts.add(layer, b, values[n].detach())
         st.kept["x"] = acts.add(layer, b, x)
-        return values["out"], st
-
-    def _graph(self, pc, params, ins, rope) -> tuple[_PieceGraph, tuple[torch.Tensor, ...]]:
-        leaves = {n: params[n].detach().requires_grad_() for n in self.pieces.params_of[pc.name]}
-        entries = [_Entry.apply(self.anchor, t) for t in ins]
-        outs = self.pieces.run(pc, leaves, entries, rope)
-        return _PieceGraph([get_gradient_edge(e) for e in entries],
-                           [get_gradient_edge(o) for o in outs], leaves), outs
+        out = values["out"]
+        st.graph = _Graph([get_gradient_edge(entry)], [get_gradient_edge(out)], leaves)
+        return out.detach(), st
 
     # ---- recompute and backward ----------------------------------------------------------------
 
@@ -186,36 +231,44 @@ class PolicyRunner:
             x = self.acts.input(st.layer, st.b).detach().requires_grad_()
             with torch.enable_grad():
                 out = self.runner.layer_forward(leaves, x, rope)
-            st.graphs["layer"] = _PieceGraph([get_gradient_edge(x)], [get_gradient_edge(out)],
-                                             leaves)
+            st.graph = _Graph([get_gradient_edge(x)], [get_gradient_edge(out)], leaves)
             return
         plan = piece_plan(st.policy)
-        for pc in PIECES:
-            if pc.name not in plan.recomputed:
-                continue
-            ins = [st.recomputed[n] if n in st.recomputed else self.acts.tensor(st.kept[n])
-                   for n in pc.inputs]
-            with torch.enable_grad():
-                st.graphs[pc.name], outs = self._graph(pc, params, ins, rope)
-            st.recomputed.update(zip(pc.outputs, (o.detach() for o in outs), strict=True))
+        if not plan.recomputed:
+            return
+        leaves = {k: p.detach().requires_grad_() for k, p in params.items()}
+        record: list[torch.Tensor] = []
+
+        def pack(t):
+            record.append(t.detach())
+
+        def unpack(h):
+            raise RuntimeError("the recompute's own graph is never back-propagated")
+
+        with torch.enable_grad(), saved_tensors_hooks(pack, unpack):
+            for pc in PIECES:
+                if pc.name not in plan.recomputed:
+                    continue
+                ins = [(st.recomputed[n] if n in st.recomputed
+                        else self.acts.tensor(st.kept[n])).detach().requires_grad_()
+                       for n in pc.inputs]
+                record = []
+                outs = self.pieces.run(pc, leaves, ins, rope)
+                if len(record) != st.n_saved[pc.name]:
+                    raise RuntimeError(f"recomputing {pc.name} saved {len(record)} tensors, its "
+                                       f"forward {st.n_saved[pc.name]}")
+                st.saved[pc.name] = record
+                st.recomputed.update(zip(pc.outputs, (o.detach() for o in outs), strict=True))
 
     def backward(self, st: LayerState, grad_out: torch.Tensor
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(gradient of the layer input, parameter gradients by name) for micro-batch st.b."""
-        if st.policy.kind == "layer":
-            g = st.graphs["layer"]
-            got = torch.autograd.grad(g.outputs, [*g.inputs, *g.params.values()], [grad_out])
-            return got[0], dict(zip(g.params, got[1:], strict=True))
-        grads: dict[str, torch.Tensor] = {"out": grad_out}
-        pgrads: dict[str, torch.Tensor] = {}
-        for pc in reversed(PIECES):
-            g = st.graphs[pc.name]
-            got = torch.autograd.grad(g.outputs, [*g.inputs, *g.params.values()],
-                                      [grads.pop(n) for n in pc.outputs])
-            for n, gi in zip(pc.inputs, got[:len(pc.inputs)], strict=True):
-                grads[n] = grads[n] + gi if n in grads else gi
-            pgrads.update(zip(g.params, got[len(pc.inputs):], strict=True))
-        return grads["x"], pgrads
+        g = st.graph
+        got = torch.autograd.grad(g.outputs, [*g.inputs, *g.params.values()], [grad_out])
+        st.graph = None
+        st.saved.clear()
+        st.recomputed.clear()
+        return got[0], dict(zip(g.params, got[1:], strict=True))
 
 
 def kept_layout(runner: PolicyRunner, policy: LayerPolicy, params, x: torch.Tensor,
