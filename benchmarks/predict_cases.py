@@ -17,7 +17,7 @@ import sys
 
 from slidedp.model.predict import predict
 from slidedp.sim.simulator import simulate
-from slidedp.spec.errors import InfeasiblePlan
+from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import parse_plan
@@ -58,10 +58,10 @@ def main() -> int:
     print("| R | case | measured s | analytic s | simulated s | tokens/s (sim) | bound by (sim) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r, case, gb, mb, plan, measured in _items(a.items):
-        wl = Workload(spec, a.seq, gb, mb, r)
         try:
+            wl = Workload(spec, a.seq, gb, mb, r)
             an = predict(hw, wl, plan).step_time_s
-        except InfeasiblePlan as e:
+        except (InfeasiblePlan, SpecError) as e:
             print(f"| {r} | {case} | - | {e} | | | |")
             continue
         sim = simulate(hw, wl, plan)
