@@ -50,7 +50,10 @@ def load_config(model: str, sets: list[str]) -> dict:
     cfg = json.loads(p.read_text())
     for kv in sets:
         key, _, value = kv.partition("=")
-        cfg[key] = json.loads(value) if value not in ("", None) else None
+        try:
+            cfg[key] = json.loads(value)
+        except json.JSONDecodeError:
+            cfg[key] = value  # a bare string
     cfg["num_hidden_layers"] = 1  # only layer 1 is built for real (the rest stays on meta)
     return cfg
 

@@ -21,7 +21,8 @@ goes to the layer's KeptActivations entries (activations.py), which offload rati
               input that holds no tensor), under saved_tensors_hooks whose pack decides what
               each saved tensor becomes:
                 parameter slot, RoPE table,   the tensor itself (a reference: the slot holds the
-                another device's tensor       layer's parameters again at its backward)
+                another device's tensor, an   layer's parameters again at its backward; SDPA's
+                empty storage                 RNG state may be a host or an empty tensor)
                 saved inside a recomputed     a _Saved(piece, i) placeholder: the i-th tensor the
                 piece                         piece saves (recompute saves the same ones again)
                 a recomputed piece's output   a _Placeholder of that value (and view geometry)
@@ -170,8 +171,9 @@ class PolicyRunner:
             if piece is not None:
                 i = st.n_saved[piece]
                 st.n_saved[piece] = i + 1
-            ptr = t.untyped_storage().data_ptr()
-            if ptr in through or t.device != device:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr in through or t.device != device or not storage.nbytes():
                 return t
             if piece is not None:
                 return _Saved(piece, i)
