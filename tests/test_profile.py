@@ -283,3 +283,98 @@ def test_chunk_curve_loads(tmp_path):
 def test_bad_chunk_curve_is_rejected(tmp_path, rows):
     with pytest.raises(SpecError, match="pcie.chunk_gbps"):
         load_hardware(str(_with_chunks(tmp_path, rows)))
+
+
+# ---- the cast by chunk size (host) and its optional table in the schema ----------------------
+
+
+def test_cast_by_chunk_is_measured_at_the_pcie_chunk_sizes_and_named(profiled):
+    hw, m = load_hardware(str(profiled)), probe_machine()
+    chunks = hw.host.cast_chunk
+    assert [c for c, _ in chunks] == [c * MIB / 2 for c in TINY.chunk_mib]  # BF16 elements
+    for _, curve in chunks:
+        assert list(curve.xs) == TINY.threads(m.cores) and all(r > 0 for r in curve.rates)
+    text = hw.host.sources["cast_chunk_gelem_per_s"]
+    assert text.startswith(f"slidedp profile {TODAY} on {m.hostname} ({m.cpu_model}")
+    assert "measured: torch copy_ FP32 -> BF16 of one chunk" in text
+    assert "ring of 4 chunk buffers" in text and "not pinned (no CUDA)" in text
+    # the chunk-size rate is what a chunk's cast takes; other sizes interpolate
+    small = chunks[0][0]
+    assert hw.host.cast_rate(1, small) == chunks[0][1].at(1)
+    assert hw.host.cast_rate(1) == hw.host.cast_elems_per_s.at(1)
+
+
+def test_cast_by_chunk_assembles_with_dram_and_sources():
+    res = _fake_results()
+    res.cast_chunk_src_bytes, res.cast_chunk_slots, res.cast_chunk_pinned = 8 * MIB, 4, True
+    res.cast_chunk_repeats = {MIB: 4, 4 * MIB: 2}
+    for c in (1, 4):
+        for n in res.threads:
+            res.cast_chunk_elems_per_s[(c * MIB, n)] = 2e9 * n * c  # beats the big-buffer cast
+    hw = parse_hardware(tomllib.loads(dumps(Assembler(FAKE, _request(), res, load_hardware(
+        "h200x1")).document("fake"))), "fake.toml")
+    assert [(c, list(r.xs), list(r.rates)) for c, r in hw.host.cast_chunk] == [
+        (MIB / 2, [1, 2, 4], [2e9, 4e9, 8e9]), (2 * MIB, [1, 2, 4], [8e9, 16e9, 32e9])]
+    text = hw.host.sources["cast_chunk_gelem_per_s"]
+    assert "pinned with cudaHostRegister" in text and "median of 1 MiB 4, 4 MiB 2 chunks" in text
+    # the DRAM capacity covers the chunked cast's traffic too (32 Gelem/s x 6 B)
+    assert hw.host.dram_bps == pytest.approx(32e9 * 6, rel=1e-3)
+    assert "from cast by chunk" in hw.host.sources["dram_gbps"]
+
+
+def test_sustained_layer_time_is_the_written_layer_time():
+    res = _fake_results()
+    res.sustained = [dataclasses.replace(t, fwd_s=t.fwd_s * 1.05, bwd_s=t.bwd_s * 1.05,
+                                         iterations=12, span_s=1.5, busy=0.99)
+                     for t in res.layers]
+    hw = parse_hardware(tomllib.loads(dumps(Assembler(FAKE, _request(), res, load_hardware(
+        "h200x1")).document("fake"))), "fake.toml")
+    assert [lt.fwd_bwd_s for lt in hw.gpu.layer_times] == [pytest.approx(0.0126),
+                                                           pytest.approx(0.0252)]
+    src = hw.gpu.layer_times[0].source
+    assert ("sustained: after one untimed iteration, 12 policy-layer then 12 policy-none fwd + "
+            "bwd iterations back to back") in src
+    assert "1.50 s of GPU time, GPU busy 99.0% of it" in src
+    assert "short runs (median of 2 after 1 warm-up): none fwd 4.00 ms + bwd 8.00 ms" in src
+    assert "sustained / short 1.050" in src and "1.20x the none time" in src
+    assert "sustained: policy layer then policy none" in hw.gpu.sources["achieved"]
+    # achieved follows the sustained time: 5 % slower than the short runs
+    short = Assembler(FAKE, _request(), _fake_results(), load_hardware("h200x1")).document("s")
+    assert hw.gpu.achieved[0][2] == pytest.approx(short["gpu"]["achieved"][0][2] * 1e12 / 1.05,
+                                                  rel=1e-3)
+
+
+@pytest.mark.parametrize("short_s,want", [(0.010, 75), (0.2, 6), (1e-7, 5000)])
+def test_sustained_iterations(short_s, want):
+    from slidedp.profile.run import sustained_iters
+
+    assert sustained_iters(sizes_mod.QUICK, short_s) == want
+
+
+def _with_cast_chunks(tmp_path, rows: str):
+    path = tmp_path / "cc.toml"
+    text = (preset_dir() / "h200x1.toml").read_text()
+    path.write_text(text.replace("cast_dram_bytes_per_elem = 6\n",
+                                 f"cast_dram_bytes_per_elem = 6\ncast_chunk_gelem_per_s = {rows}\n",
+                                 1))
+    return path
+
+
+def test_cast_chunk_table_loads(tmp_path):
+    hw = load_hardware(str(_with_cast_chunks(
+        tmp_path, "[[16, 1, 1.0], [16, 8, 6.0], [256, 1, 1.2], [256, 4, 4.0], [256, 8, 7.0]]")))
+    (c0, r0), (c1, r1) = hw.host.cast_chunk
+    assert (c0, c1) == (8 * MIB, 128 * MIB)
+    assert (r0.xs, r0.rates) == ((1.0, 8.0), (1e9, 6e9))
+    assert r1.at(4) == 4e9 and r1.unit == "elem/s"
+    assert hw.host.sources["cast_chunk_gelem_per_s"] == hw.host.sources["cores"]
+    assert load_hardware("h200x1").host.cast_chunk == ()
+
+
+@pytest.mark.parametrize("rows", ["[[256, 1, 1.0], [16, 1, 1.0]]", "[[16, 1]]",
+                                  "[[16, 1, -1.0]]", "[[16, 0, 1.0]]", "[[16, true, 1.0]]",
+                                  "[[16, 4, 1.0], [16, 1, 1.0]]", "[[16, 1, 1.0], [16, 1, 2.0]]",
+                                  "[[16, 1, 1.0], [64, 1, 1.0], [16, 2, 1.0]]", "3", '"x"'])
+def test_bad_cast_chunk_table_is_rejected_naming_the_field(tmp_path, rows):
+    with pytest.raises(SpecError, match="host.cast_chunk_gelem_per_s"):
+        load_hardware(str(_with_cast_chunks(tmp_path, rows)))

@@ -16,6 +16,7 @@ from slidedp.commands import profile as profile_cmd
 from slidedp.profile import sizes as sizes_mod
 from slidedp.profile.compute import LayerBench, matmul_flops_per_s
 from slidedp.profile.fabric import LATENCY_BYTES, collective_times_s
+from slidedp.profile.host import CastChunkBench
 from slidedp.profile.pcie import PcieBench
 from slidedp.profile.sizes import MIB, Sizes
 from slidedp.spec.hardware import COLLECTIVES, load_hardware
@@ -25,7 +26,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 SMALL = Sizes(host_floor_bytes=64 * MIB, llc_multiple=0, thread_step=4, chunk_mib=(4, 64),
-              stream_copies=2, collective_mib=(4, 64), micro_batches=(1, 2), warmup=1, repeats=3)
+              stream_copies=2, collective_mib=(4, 64), micro_batches=(1, 2), warmup=1, repeats=3,
+              sustained_s=0.4, sustained_min_iters=4)
 
 
 def test_pcie_rates_by_chunk_and_duplex():
@@ -48,6 +50,32 @@ def test_layer_policies_and_flops():
     assert layer.fwd_s < none.fwd_s * 1.5  # no-grad forward
     assert layer.total_s > none.total_s  # the recompute costs
     assert 1e12 < none.flops_per_s < 2500e12
+
+
+def test_sustained_layer_runs_both_policies_back_to_back():
+    bench = LayerBench(load_model("qwen3-0.6b"), 1, 3)
+    short = bench.time(1024, 2, "none")
+    out = bench.sustained(1024, 2, {"layer": 8, "none": 10})
+    assert [(t.policy, t.iterations) for t in out] == [("layer", 8), ("none", 10)]
+    layer, none = out
+    assert none.span_s == layer.span_s > 0 and 0 < none.busy <= 1.0 + 1e-6
+    # the span's busy time is the 18 iterations' (span x busy = their summed times)
+    assert 0.7 < none.span_s * none.busy / (8 * layer.total_s + 10 * none.total_s) < 1.5
+    assert 0.5 * short.total_s < none.total_s < 2 * short.total_s
+    assert layer.total_s > none.total_s
+
+
+def test_cast_by_chunk_into_a_pinned_ring():
+    bench = CastChunkBench([2 * MIB, 32 * MIB], 64 * MIB, 4, True, 1, 3)
+    try:
+        assert bench.pinned and bench.src_elems == 64 * MIB
+        rates = {n: bench.elems_per_s(n, 4) for n in (2 * MIB, 32 * MIB)}
+        assert bench.repeats_for(2 * MIB) == 16
+    finally:
+        bench.close()
+    assert not bench.pinned
+    for n, r in rates.items():
+        assert 0.05e9 < r < 200e9, (n, r)
 
 
 def test_matmul_rate():
@@ -74,6 +102,10 @@ def test_profile_command_writes_a_measured_spec(tmp_path, monkeypatch):
     assert hw.gpu.model == torch.cuda.get_device_name(0) and hw.gpu.count == GPUS
     assert [lt.micro_batch for lt in hw.gpu.layer_times] == [1, 2]
     assert all("policy layer" in lt.source for lt in hw.gpu.layer_times)
+    assert all("sustained: " in lt.source and "short runs" in lt.source
+               for lt in hw.gpu.layer_times)
+    assert [c for c, _ in hw.host.cast_chunk] == [2 * MIB, 32 * MIB]  # BF16 elements
+    assert "pinned with cudaHostRegister" in hw.host.sources["cast_chunk_gelem_per_s"]
     assert "slidedp profile" in hw.pcie.sources["h2d_gbps"]
     assert [c for c, _, _ in hw.pcie.chunk_bps] == [4 * MIB, 64 * MIB]
     assert "not measured here (a datasheet figure)" in hw.gpu.sources["peak_bf16_tflops"]

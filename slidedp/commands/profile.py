@@ -20,8 +20,9 @@ from slidedp.spec.model import load_model
 def register(sub) -> None:
     p = sub.add_parser("profile", help="measure this machine, write a hardware TOML",
                        description="Microbenchmarks of this machine (host DRAM, cast and CPU "
-                       "Adam against threads; PCIe by chunk size, duplex and all GPUs; one "
-                       "decoder layer's compute; NCCL collectives) written as a hardware TOML "
+                       "Adam against threads; the cast by chunk size; PCIe by chunk size, duplex and "
+                       "all GPUs; one decoder layer's compute, short and sustained; NCCL "
+                       "collectives) written as a hardware TOML "
                        "in which every number names its source.")
     p.add_argument("--out", required=True, help="hardware TOML file to write")
     p.add_argument("--model", nargs="+", default=[DEFAULTS["model"]],

@@ -9,9 +9,13 @@ Durations are each task alone on its agent at the full rate of its resources (no
                           achieved rate / HBM rate (spec/segments.py; 1 for whole-layer "layer")
   HEAD_LOSS               FLOPs / achieved rate;  EMBED_FWD / EMBED_BWD  bytes / HBM rate
   H2D, ACT_RELOAD         bytes / per-GPU H2D rate;  D2H, ACT_OFFLOAD  bytes / per-GPU D2H rate
-  CAST                    elements / (cast rate(threads) x share);  ADAM  parameters / (Adam
-                          rate(threads) x share), share = g.meta["core_share"] (build.core_share:
-                          the CPU teams' threads beyond the host's cores time-slice them)
+  CAST                    elements / (cast rate(threads, chunk) x share);  ADAM  parameters /
+                          (Adam rate(threads) x share), share = g.meta["core_share"]
+                          (build.core_share: the CPU teams' threads beyond the host's cores
+                          time-slice them). The cast rate is the hardware's rate for a chunk of
+                          the task's elements when it has host.cast_chunk_gelem_per_s (measured
+                          by chunk size into a pinned ring, interpolated in log chunk size),
+                          else its thread curve (large buffers): HostSpec.cast_rate
   HOST_SUM                bytes / host DRAM rate
   ALLGATHER, REDUCE       the fabric's collective time (ring bytes / bus rate + latency)
 Resources (each with a capacity per second; the analytic lower bound sums work over them, the
@@ -93,11 +97,15 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     down = sel[Kind.D2H] | sel[Kind.ACT_OFFLOAD]
     d[down] = work[down] / hw.pcie.d2h_bps
     share = core_share_of(g)
-    for k, rate_of in ((Kind.CAST, hw.host.cast_rate), (Kind.ADAM, hw.host.adam_rate)):
-        idx = np.flatnonzero(sel[k])
-        if len(idx):
-            rates = np.array([rate_of(t) for t in g.threads[idx]]) * share
-            d[idx] = work[idx] / rates
+    idx = np.flatnonzero(sel[Kind.CAST])
+    if len(idx):
+        rates = np.array([hw.host.cast_rate(t, e) for t, e in zip(g.threads[idx], work[idx],
+                                                                   strict=True)]) * share
+        d[idx] = work[idx] / rates
+    idx = np.flatnonzero(sel[Kind.ADAM])
+    if len(idx):
+        rates = np.array([hw.host.adam_rate(t) for t in g.threads[idx]]) * share
+        d[idx] = work[idx] / rates
     d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / hw.host.dram_bps
     for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
         d[v] = hw.fabric.collective_s(COLLECTIVE_OPS[g.op[v]], work[v], g.n_ranks)

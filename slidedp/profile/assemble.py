@@ -11,9 +11,10 @@ for what was measured here, "derived: ..." for byte counts, and "from <base>: no
 Written rates: PCIe, the largest chunk's rate of the slowest GPU (chunk_gbps: every chunk, the
 slowest GPU's); DRAM, the best copy rate over thread counts; fabric efficiency, busbw / link at
 the largest message. Layer times are policy `none` (fwd with autograd + bwd: what fwd_bwd_s
-means to the cost model, which takes recompute = fwd / 3 of it); the measured `layer` policy
-time is quoted in each row's source. `achieved` = counted FLOPs / that time, the median where
-several shapes share (hidden, tokens).
+means to the cost model, which takes recompute = fwd / 3 of it), the sustained run's steady time
+where it ran (else the short runs' median); the `layer` policy time and the short runs are
+quoted in each row's source. `achieved` = counted FLOPs / that time, the median where several
+shapes share (hidden, tokens). The cast by chunk size is host.cast_chunk_gelem_per_s.
 """
 
 from __future__ import annotations
@@ -73,7 +74,20 @@ class Assembler:
         return f"from {self.base.origin}: not measured here ({why}); there: {there}"
 
     def _none_layers(self) -> list[LayerTiming]:
-        return [t for t in self.res.layers if t.policy == "none"]
+        """Policy none, one row per short-run shape: its sustained timing where that ran."""
+        steady = {(t.model, t.seq, t.micro_batch): t for t in self.res.sustained
+                  if t.policy == "none"}
+        return [steady.get((t.model, t.seq, t.micro_batch), t) for t in self.res.layers
+                if t.policy == "none"]
+
+    def _how_timed(self, rows: list[LayerTiming]) -> str:
+        s = self.req.sizes
+        short = f"median of {s.repeats} after {s.warmup} warm-up"
+        if not any(r.iterations for r in rows):
+            return short
+        return (f"sustained: policy layer then policy none back to back, at least "
+                f"{s.sustained_min_iters} iterations each and about {s.sustained_s:g} s in all, "
+                f"median of each policy's last half (short runs: {short})")
 
     def document(self, name: str) -> dict:
         m = self.m
@@ -117,7 +131,7 @@ class Assembler:
             src["achieved"] = m.source(
                 "measured: counted FLOPs of one decoder layer (ModelSpec.layer_flops_per_token, "
                 "fwd + bwd) / its fwd + bwd time, policy none, bf16 SDPA on GPU 0, CUDA events, "
-                f"median of {self.req.sizes.repeats}")
+                + self._how_timed(rows))
             t["sources"] = src
             t["layer_time"] = self._layer_rows(rows)
         else:
@@ -142,21 +156,46 @@ class Assembler:
         return out
 
     def _layer_rows(self, rows: list[LayerTiming]) -> list[dict]:
-        ckpt = {(r.model, r.seq, r.micro_batch): r for r in self.res.layers if r.policy == "layer"}
+        res, sz = self.res, self.req.sizes
+
+        def by_key(timings: list[LayerTiming], policy: str) -> dict[tuple, LayerTiming]:
+            return {(t.model, t.seq, t.micro_batch): t for t in timings if t.policy == policy}
+
+        short_none, short_ckpt = by_key(res.layers, "none"), by_key(res.layers, "layer")
+        steady_ckpt = by_key(res.sustained, "layer")
         out, seen = [], set()
         for r in rows:
             shape = (r.hidden, r.ffn, r.seq, r.micro_batch)
             if shape in seen:  # two models with one layer shape: the first one's row
                 continue
             seen.add(shape)
-            what = (f"measured: one {r.model} decoder layer, bf16 SDPA, GPU 0, CUDA events, "
-                    f"median of {self.req.sizes.repeats}; policy none: fwd {r.fwd_s * 1e3:.2f} ms"
-                    f" + bwd {r.bwd_s * 1e3:.2f} ms, {r.flops_per_s / 1e12:.0f} TFLOP/s")
-            c = ckpt.get((r.model, r.seq, r.micro_batch))
-            if c is not None:
-                what += (f"; policy layer: no-grad fwd {c.fwd_s * 1e3:.2f} ms + recompute and bwd "
-                         f"{c.bwd_s * 1e3:.2f} ms = {c.total_s / r.total_s:.2f}x the none time "
-                         "(the cost model takes 4/3)")
+            key = (r.model, r.seq, r.micro_batch)
+            s0 = short_none[key]
+            ckpt = steady_ckpt.get(key) if r.iterations else short_ckpt.get(key)
+            what = f"measured: one {r.model} decoder layer, bf16 SDPA, GPU 0, CUDA events"
+            if r.iterations:
+                n_ckpt = ckpt.iterations if ckpt is not None else 0
+                what += (f"; sustained: after one untimed iteration, {n_ckpt} policy-layer then "
+                         f"{r.iterations} policy-none fwd + bwd iterations back to back, no sync "
+                         f"between ({r.span_s:.2f} s of GPU time, GPU busy {r.busy:.1%} of it), "
+                         "each policy's median of its last half")
+            else:
+                what += f", median of {sz.repeats} after {sz.warmup} warm-up"
+            what += (f"; policy none (fwd_bwd_s): fwd {r.fwd_s * 1e3:.2f} ms + bwd "
+                     f"{r.bwd_s * 1e3:.2f} ms = {r.total_s * 1e3:.2f} ms, "
+                     f"{r.flops_per_s / 1e12:.0f} TFLOP/s")
+            if ckpt is not None:
+                what += (f"; policy layer: no-grad fwd {ckpt.fwd_s * 1e3:.2f} ms + recompute and "
+                         f"bwd {ckpt.bwd_s * 1e3:.2f} ms = {ckpt.total_s / r.total_s:.2f}x the none"
+                         " time (the cost model takes 4/3)")
+            if r.iterations:
+                c0 = short_ckpt.get(key)
+                what += (f"; short runs (median of {sz.repeats} after {sz.warmup} warm-up): none "
+                         f"fwd {s0.fwd_s * 1e3:.2f} ms + bwd {s0.bwd_s * 1e3:.2f} ms = "
+                         f"{s0.total_s * 1e3:.2f} ms (sustained / short "
+                         f"{r.total_s / s0.total_s:.3f})")
+                if c0 is not None:
+                    what += f", layer {c0.total_s * 1e3:.2f} ms"
             out.append({"hidden": r.hidden, "ffn": r.ffn, "seq": r.seq,
                         "micro_batch": r.micro_batch, "fwd_bwd_s": g4(r.total_s),
                         "source": self.m.source(what)})
@@ -234,8 +273,12 @@ class Assembler:
         moved = {"copy": res.dram_bps[best],
                  "adam": max(res.adam_params_per_s.values()) * ADAM_DRAM_BYTES_PER_PARAM,
                  "cast": max(res.cast_elems_per_s.values()) * CAST_DRAM_BYTES_PER_ELEM}
+        chunked = res.cast_chunk_elems_per_s
+        if chunked:
+            moved["cast by chunk"] = max(chunked.values()) * CAST_DRAM_BYTES_PER_ELEM
         dram_from = max(moved, key=moved.get)
-        return {
+        traffic = ", ".join(f"{k}{self._bytes_per(k)} {v / GB:.0f}" for k, v in moved.items())
+        t = {
             "cores": m.cores, "ram_gib": g4(m.ram_bytes / GIB),
             "dram_gbps": g4(moved[dram_from] / GB),
             "cast_gelem_per_s": [[n, g4(res.cast_elems_per_s[n] / 1e9)] for n in res.threads],
@@ -250,9 +293,7 @@ class Assembler:
                                     "reads low)"),
                 "dram_gbps": m.source(
                     f"measured: the largest DRAM traffic of the measured kernels, from {dram_from} "
-                    f"(copy {moved['copy'] / GB:.0f}, AdamW x {ADAM_DRAM_BYTES_PER_PARAM} B "
-                    f"{moved['adam'] / GB:.0f}, cast x {CAST_DRAM_BYTES_PER_ELEM} B "
-                    f"{moved['cast'] / GB:.0f} GB/s); copy = torch copy_ of a {mib} MiB FP32 "
+                    f"({traffic} GB/s); copy = torch copy_ of a {mib} MiB FP32 "
                     f"buffer, (bytes read + written) / time, best over threads ({best}); GB/s: "
                     f"{curve(res.dram_bps)}; " + pool),
                 "cast_gelem_per_s": m.source(
@@ -269,6 +310,27 @@ class Assembler:
                 "cast_dram_bytes_per_elem": "derived: read 4 B FP32, write 2 B BF16",
             },
         }
+        if chunked:
+            chunks = sorted({c for c, _ in chunked})
+            t["cast_chunk_gelem_per_s"] = [[c // MIB, n, g4(chunked[(c, n)] / 1e9)]
+                                           for c in chunks for n in res.threads]
+            ring = (f"a ring of {res.cast_chunk_slots} chunk buffers (the plan's staging_chunks) "
+                    + ("pinned with cudaHostRegister, as the executor's staging ring"
+                       if res.cast_chunk_pinned else "not pinned (no CUDA)"))
+            reps = ", ".join(f"{c // MIB} MiB {res.cast_chunk_repeats[c]}" for c in chunks)
+            t["sources"]["cast_chunk_gelem_per_s"] = m.source(
+                "measured: torch copy_ FP32 -> BF16 of one chunk (chunk_mib = its BF16 size, "
+                "chunk_mib MiB / 2 B elements; the PCIe chunk sizes) from a slice rotating "
+                f"through a {res.cast_chunk_src_bytes // MIB} MiB FP32 buffer into {ring}, "
+                f"elements / time of one chunk; torch.set_num_threads, threads not pinned (OpenMP "
+                f"placement), median of {reps} chunks after {s.warmup} warm-up")
+        return t
+
+    @staticmethod
+    def _bytes_per(kernel: str) -> str:
+        return {"adam": f" x {ADAM_DRAM_BYTES_PER_PARAM} B", "cast": f" x "
+                f"{CAST_DRAM_BYTES_PER_ELEM} B", "cast by chunk": f" x "
+                f"{CAST_DRAM_BYTES_PER_ELEM} B"}.get(kernel, "")
 
     # ---- fabric ----------------------------------------------------------------------------
 

@@ -10,11 +10,20 @@ CUDA events around each phase on the one stream, median of `repeats` after `warm
   none    forward with autograd | backward                 -> fwd_s, bwd_s
   layer   no-grad forward | forward again (recompute) with autograd + backward
           (whole-layer checkpoint)                         -> fwd_s, bwd_s (recompute + bwd)
+Sustained (`LayerBench.sustained`): the same iterations (one per policy, same inputs and
+phases) enqueued back to back with no host synchronization in between, `iters` of each policy
+in the given order (the profile runs `layer` first, then `none`, so the `none` figure the cost
+model uses is taken after the GPU has worked the longest), CUDA events between phases of every
+iteration; per policy the median of the last half of its iterations: the steady time under
+load, as in the training pipeline (clocks settle under sustained load). `span_s` is the CUDA-event
+time from the first iteration's start to the last one's end, `busy` the summed iteration times
+over it (near 1: the host kept the GPU fed).
 A shape that runs out of GPU memory is skipped (None). The matmul is C = A B, 8192^3 bf16.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
@@ -38,6 +47,9 @@ class LayerTiming:
     fwd_s: float  # none: forward with autograd; layer: no-grad forward
     bwd_s: float  # none: backward; layer: recompute + backward
     flops: float  # counted FLOPs of the timed work (ModelSpec.layer_flops_per_token)
+    iterations: int = 0  # sustained: iterations of this policy back to back (0: a short run)
+    span_s: float = 0.0  # sustained: GPU time of the whole back-to-back run (all policies)
+    busy: float = 0.0  # sustained: summed iteration times / span_s
 
     @property
     def total_s(self) -> float:
@@ -98,25 +110,61 @@ class LayerBench:
     def time(self, seq: int, micro_batch: int, policy: str) -> LayerTiming | None:
         """Median fwd / bwd seconds of one micro-batch; None when it does not fit GPU memory."""
         try:
-            fwd_s, bwd_s = self._time(seq, micro_batch, policy)
+            once = self._iteration(seq, micro_batch)
+            for _ in range(self.warmup):
+                once(policy)
+            runs = [once(policy) for _ in range(self.repeats)]
+            torch.cuda.synchronize(self.device)
+            fwd_s, bwd_s = _medians(runs)
         except torch.cuda.OutOfMemoryError:
             return None
         finally:
             self.layer.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
+        return self._timing(seq, micro_batch, policy, fwd_s, bwd_s)
+
+    def sustained(self, seq: int, micro_batch: int,
+                  iters: dict[str, int]) -> list[LayerTiming] | None:
+        """`iters[policy]` iterations of each policy back to back, in order, no sync in between;
+        per policy the median fwd / bwd of its last half (module docstring). None: out of memory."""
+        try:
+            once = self._iteration(seq, micro_batch)
+            once(next(iter(iters)))  # allocations, outside the timed run
+            torch.cuda.synchronize(self.device)
+            runs = {p: [once(p) for _ in range(n)] for p, n in iters.items()}
+            torch.cuda.synchronize(self.device)
+        except torch.cuda.OutOfMemoryError:
+            return None
+        finally:
+            self.layer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+        every = [ev for rs in runs.values() for ev in rs]
+        span = every[0][0].elapsed_time(every[-1][2]) / 1e3
+        busy = sum(a.elapsed_time(c) for a, _, c in every) / 1e3 / span
+        out = []
+        for policy, rs in runs.items():
+            fwd_s, bwd_s = _medians(rs[len(rs) // 2:])
+            t = self._timing(seq, micro_batch, policy, fwd_s, bwd_s)
+            out.append(dataclasses.replace(t, iterations=len(rs), span_s=span, busy=busy))
+        return out
+
+    def _timing(self, seq: int, micro_batch: int, policy: str, fwd_s: float,
+                bwd_s: float) -> LayerTiming:
         f = self.spec.layer_flops_per_token(seq)
         kinds = ("fwd", "bwd") if policy == "none" else ("fwd", "recompute", "bwd")
         flops = sum(f[k] for k in kinds) * seq * micro_batch
         s = self.spec
         return LayerTiming(s.name, s.hidden, s.ffn, seq, micro_batch, policy, fwd_s, bwd_s, flops)
 
-    def _time(self, seq: int, micro_batch: int, policy: str) -> tuple[float, float]:
+    def _iteration(self, seq: int, micro_batch: int):
+        """once(policy): enqueue one micro-batch's fwd + bwd; its 3 CUDA events (start, fwd end,
+        end)."""
         shape = (micro_batch, seq, self.spec.hidden)
         x = torch.randn(shape, device=self.device, dtype=torch.bfloat16)
         dy = torch.randn_like(x)
         cos_sin = rope(self.rotary, seq, self.device)
 
-        def once() -> tuple[torch.cuda.Event, ...]:
+        def once(policy: str) -> tuple[torch.cuda.Event, ...]:
             self.layer.zero_grad(set_to_none=True)
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             xin = x.detach().requires_grad_()
@@ -133,13 +181,14 @@ class LayerBench:
             ev[2].record()
             return tuple(ev)
 
-        for _ in range(self.warmup):
-            once()
-        runs = [once() for _ in range(self.repeats)]
-        torch.cuda.synchronize(self.device)
-        fwd = statistics.median(a.elapsed_time(b) for a, b, _ in runs) / 1e3
-        bwd = statistics.median(b.elapsed_time(c) for _, b, c in runs) / 1e3
-        return fwd, bwd
+        return once
+
+
+def _medians(runs) -> tuple[float, float]:
+    """(median fwd, median bwd) seconds of synchronized (start, fwd end, end) event triples."""
+    fwd = statistics.median(a.elapsed_time(b) for a, b, _ in runs) / 1e3
+    bwd = statistics.median(b.elapsed_time(c) for _, b, c in runs) / 1e3
+    return fwd, bwd
 
 
 def matmul_flops_per_s(warmup: int, repeats: int) -> float:

@@ -9,6 +9,15 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          torch.optim.AdamW(fused=True) runs) on flat FP32 p, g, m, v: parameters / time. The
          gradient is FP32 as the executor hands it to Adam (it widens a BF16 gradient into an
          FP32 scratch first: that copy is not part of this rate).
+The cast is also measured by chunk size (CastChunkBench), as the executor runs the CAST task:
+  cast chunk   staging[i % slots][:n].copy_(src[k n : (k + 1) n]) for a chunk of n elements
+         (n = the chunk's BF16 bytes / 2, the PCIe chunk sizes of sizes.py), the source slice
+         rotating through an FP32 buffer of at least two largest chunks and of the host buffer
+         size (so each chunk is read from DRAM, as the executor reads its FP32 master), the
+         destination a ring of `slots` chunk buffers (the plan's staging_chunks), page-locked
+         with cudaHostRegister when CUDA is present (the executor's staging ring): elements /
+         time per chunk, median of at least `repeats` chunks (more for small chunks, so every
+         chunk size casts about as many elements as the largest) after `warmup`.
 Threads are not pinned: the OpenMP runtime places them (OMP_PROC_BIND / OMP_PLACES, if set in
 the environment, apply), within the process's CPU affinity mask, as it does for the executor's
 update workers. Buffers are first touched by the filling kernel's threads, so their pages spread
@@ -23,6 +32,7 @@ from contextlib import contextmanager
 import torch
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
+from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
 from slidedp.profile.timing import wall_median_s
 
 FP32 = 4
@@ -71,3 +81,50 @@ class HostBench:
             adamw_chunk(self.src, self.dst, self.m, self.v, self.adam_steps, self.opt, self.opt.lr)
 
         return self.elems / self._median_s(step, threads)
+
+
+BF16 = 2
+MAX_CHUNK_REPEATS = 64
+
+
+class CastChunkBench:
+    """FP32 -> BF16 casts of chunks of `chunk_elems` elements into a (pinned) ring of chunk buffers.
+
+    The FP32 source holds max(`src_bytes`, two largest chunks); the BF16 ring `slots` largest
+    chunks, page-locked with cudaHostRegister when `pin` (close() unregisters it).
+    """
+
+    def __init__(self, chunk_elems: list[int], src_bytes: int, slots: int, pin: bool,
+                 warmup: int, repeats: int):
+        self.chunk_elems = sorted(chunk_elems)
+        big = self.chunk_elems[-1]
+        self.src_elems = max(src_bytes // FP32, 2 * big)
+        self.slots, self.warmup, self.repeats = slots, warmup, repeats
+        self.src = torch.full((self.src_elems,), 0.5)
+        self.ring = torch.zeros(slots * big, dtype=torch.bfloat16)  # faults the pages in
+        self.pinned = False
+        if pin:
+            cuda_host_register(self.ring)
+            self.pinned = True
+        self.casts = 0
+
+    def repeats_for(self, n: int) -> int:
+        """Timed chunks at size n: at least `repeats`, and about the largest chunk's elements."""
+        return max(self.repeats, min(MAX_CHUNK_REPEATS, self.chunk_elems[-1] // n))
+
+    def elems_per_s(self, n: int, threads: int) -> float:
+        ring = self.ring[:self.slots * n].view(self.slots, n)
+        slices = self.src_elems // n
+
+        def cast():
+            i = self.casts
+            self.casts += 1
+            ring[i % self.slots].copy_(self.src[(i % slices) * n:(i % slices + 1) * n])
+
+        with torch_threads(threads):
+            return n / wall_median_s(cast, self.warmup, self.repeats_for(n))
+
+    def close(self) -> None:
+        if self.pinned:
+            cuda_host_unregister(self.ring)
+            self.pinned = False

@@ -1,14 +1,16 @@
 """The measurement list: one step per measurement (and per buffer setup), run under a tqdm bar.
 
-What is measured depends on the machine: the host always; PCIe, the layer timings and the matmul
-with CUDA; all-GPU PCIe runs, P2P and NCCL collectives with two GPUs or more and a known fabric
-kind. Buffers are allocated by a setup step before a group and freed after it, so the timed
-steps only run kernels and copies.
+What is measured depends on the machine: the host always (its cast also by chunk size, into a
+pinned ring with CUDA); PCIe, the layer timings (short runs per policy, then one sustained
+back-to-back run per shape) and the matmul with CUDA; all-GPU PCIe runs, P2P and NCCL
+collectives with two GPUs or more and a known fabric kind. Buffers are allocated by a setup step
+before a group and freed after it, so the timed steps only run kernels and copies.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +21,10 @@ from slidedp.profile import compute, fabric, host, pcie
 from slidedp.profile.machine import Machine
 from slidedp.profile.sizes import MIB, Sizes
 from slidedp.spec.model import ACTIVATION_POLICIES, ModelSpec
+from slidedp.spec.plan import Plan
+
+SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the longest under load
+MAX_SUSTAINED_ITERS = 5000
 
 COLLECTIVE_TIMEOUT_S = 300
 
@@ -40,10 +46,17 @@ class Results:
     dram_bps: dict[int, float] = field(default_factory=dict)  # threads -> read + write bytes/s
     cast_elems_per_s: dict[int, float] = field(default_factory=dict)
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
+    # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
+    cast_chunk_elems_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
+    cast_chunk_src_bytes: int = 0
+    cast_chunk_slots: int = 0
+    cast_chunk_pinned: bool = False
+    cast_chunk_repeats: dict[int, int] = field(default_factory=dict)  # chunk bytes -> timed chunks
     pcie_alone_bps: dict[tuple[int, str, int], float] = field(default_factory=dict)  # gpu, dir, bytes
     pcie_duplex_bps: dict[int, float] = field(default_factory=dict)  # gpu -> both directions
     pcie_all_bps: dict[str, float] = field(default_factory=dict)  # "h2d" | "d2h" | "both"
-    layers: list[compute.LayerTiming] = field(default_factory=list)
+    layers: list[compute.LayerTiming] = field(default_factory=list)  # short runs
+    sustained: list[compute.LayerTiming] = field(default_factory=list)  # back to back, per policy
     layers_skipped: list[str] = field(default_factory=list)  # shapes that ran out of memory
     matmul_flops_per_s: float = 0.0
     link_bps: float = 0.0
@@ -57,11 +70,19 @@ class Step:
     run: Callable[[], None]
 
 
+def sustained_iters(s: Sizes, short_s: float) -> int:
+    """Iterations of one policy in the sustained run: half of `sustained_s` at the short-run
+    time, at least `sustained_min_iters`."""
+    n = math.ceil(s.sustained_s / len(SUSTAINED_ORDER) / max(short_s, 1e-6))
+    return min(max(n, s.sustained_min_iters), MAX_SUSTAINED_ITERS)
+
+
 class Profiler:
     def __init__(self, machine: Machine, req: Request):
         self.m, self.req, self.s = machine, req, req.sizes
         self.res = Results()
         self._host: host.HostBench | None = None
+        self._cast: host.CastChunkBench | None = None
         self._pcie: pcie.PcieBench | None = None
         self._layer: compute.LayerBench | None = None
 
@@ -99,10 +120,37 @@ class Profiler:
         steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", alloc)]
         steps += [Step(f"host copy, cast, adam at {n} threads", lambda n=n: measure(n))
                   for n in r.threads]
-        return [*steps, Step("free host buffers", self._free_host)]
+        return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
 
     def _free_host(self) -> None:
         self._host = None
+        gc.collect()
+
+    def _cast_chunk_steps(self) -> list[Step]:
+        r, s = self.res, self.s
+        chunks = [c * MIB for c in s.chunk_mib]  # BF16 bytes on the wire, as the PCIe chunks
+        pin = self.m.gpu_count > 0
+
+        def alloc():
+            self._cast = host.CastChunkBench([c // host.BF16 for c in chunks], r.host_bytes,
+                                             Plan().staging_chunks, pin, s.warmup, s.repeats)
+            r.cast_chunk_src_bytes = self._cast.src_elems * host.FP32
+            r.cast_chunk_slots, r.cast_chunk_pinned = self._cast.slots, self._cast.pinned
+            r.cast_chunk_repeats = {c: self._cast.repeats_for(c // host.BF16) for c in chunks}
+
+        def measure(n: int):
+            for c in chunks:
+                r.cast_chunk_elems_per_s[(c, n)] = self._cast.elems_per_s(c // host.BF16, n)
+
+        steps = [Step("allocate the cast source and " + ("pinned " if pin else "")
+                      + "staging ring", alloc)]
+        steps += [Step(f"cast by chunk size at {n} threads", lambda n=n: measure(n))
+                  for n in r.threads]
+        return [*steps, Step("free the cast buffers", self._free_cast)]
+
+    def _free_cast(self) -> None:
+        self._cast.close()
+        self._cast = None
         gc.collect()
 
     # ---- PCIe ------------------------------------------------------------------------------
@@ -153,13 +201,28 @@ class Profiler:
             else:
                 r.layers.append(t)
 
+        def sustained(spec: ModelSpec, seq: int, mb: int):
+            short = {t.policy: t.total_s for t in r.layers
+                     if (t.model, t.seq, t.micro_batch) == (spec.name, seq, mb)}
+            if set(SUSTAINED_ORDER) - set(short):
+                return  # a short run did not fit: already listed as skipped
+            out = self._layer.sustained(seq, mb, {p: sustained_iters(s, short[p])
+                                                  for p in SUSTAINED_ORDER})
+            if out is None:
+                r.layers_skipped.append(f"{spec.name} seq {seq} micro-batch {mb} sustained")
+            else:
+                r.sustained += out
+
         steps = [Step("bf16 matmul", matmul)]
         for spec in self.req.models:
             steps.append(Step(f"build one {spec.name} layer", lambda spec=spec: build(spec)))
-            steps += [Step(f"{spec.name} layer seq {q} mb {b} policy {p}",
-                           lambda a=(spec, q, b, p): layer(*a))
-                      for q in self.req.seqs for b in self.req.micro_batches
-                      for p in ACTIVATION_POLICIES]
+            for q in self.req.seqs:
+                for b in self.req.micro_batches:
+                    steps += [Step(f"{spec.name} layer seq {q} mb {b} policy {p}",
+                                   lambda a=(spec, q, b, p): layer(*a))
+                              for p in ACTIVATION_POLICIES]
+                    steps.append(Step(f"{spec.name} layer seq {q} mb {b} sustained",
+                                      lambda a=(spec, q, b): sustained(*a)))
         return [*steps, Step("free the layer", self._free_layer)] if self.req.models else steps
 
     def _free_layer(self) -> None:

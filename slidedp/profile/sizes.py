@@ -3,6 +3,10 @@
 Host buffers are at least `host_floor_bytes` and at least `llc_multiple` times the last-level
 cache, so that copies stream from DRAM; they are capped at 1/16 of RAM each (the Adam run holds
 four of them). Thread counts are 1, step, step^2, ... below the core count, then the core count.
+The cast by chunk size uses the PCIe chunk sizes (`chunk_mib`, BF16 bytes on the wire). The
+sustained layer run keeps GPU 0 busy for about `sustained_s` seconds per (model, seq,
+micro-batch) point, half per activation policy, and at least `sustained_min_iters` iterations of
+each.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ class Sizes:
     micro_batches: tuple[int, ...]  # default --micro-batch list of the layer timing
     warmup: int  # untimed runs before the timed ones
     repeats: int  # timed runs; the median is kept
+    sustained_s: float = 1.5  # back-to-back layer fwd + bwd per (model, seq, micro-batch) point
+    sustained_min_iters: int = 6  # ... and at least this many iterations per policy
 
     def host_bytes(self, llc_bytes: int, ram_bytes: float) -> int:
         want = max(self.host_floor_bytes, int(self.llc_multiple * llc_bytes))
@@ -39,7 +45,7 @@ class Sizes:
 
 FULL = Sizes(host_floor_bytes=GIB, llc_multiple=4, thread_step=2, chunk_mib=(4, 16, 64, 256),
              stream_copies=8, collective_mib=(16, 64, 256), micro_batches=(1, 4, 16),
-             warmup=2, repeats=7)
-QUICK = Sizes(host_floor_bytes=256 * MIB, llc_multiple=2, thread_step=4, chunk_mib=(16, 256),
+             warmup=2, repeats=7, sustained_s=3.0, sustained_min_iters=8)
+QUICK = Sizes(host_floor_bytes=256 * MIB, llc_multiple=2, thread_step=4, chunk_mib=(16, 64, 256),
               stream_copies=4, collective_mib=(64, 256), micro_batches=(1, 4), warmup=1,
-              repeats=3)
+              repeats=3, sustained_s=1.5, sustained_min_iters=6)

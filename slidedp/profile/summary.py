@@ -31,6 +31,14 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
           f"{res.adam_params_per_s[n] / 1e9:.2f}",
           f"{res.adam_params_per_s[n] * spec.host.adam_dram_bytes_per_param / GB:.1f}"]
          for n in res.threads])]
+    if res.cast_chunk_elems_per_s:
+        chunks = sorted({c for c, _ in res.cast_chunk_elems_per_s})
+        ring = "pinned" if res.cast_chunk_pinned else "not pinned"
+        parts.append(_table(
+            f"cast FP32 -> BF16 by chunk (Gelem/s; chunk = BF16 MiB, into a {ring} ring of "
+            f"{res.cast_chunk_slots})", ["threads", *(f"{c // MIB} MiB" for c in chunks)],
+            [[str(n), *(f"{res.cast_chunk_elems_per_s[(c, n)] / 1e9:.2f}" for c in chunks)]
+             for n in res.threads]))
     if res.pcie_alone_bps:
         gpus = sorted({g for g, _, _ in res.pcie_alone_bps})
         chunks = sorted({c for _, _, c in res.pcie_alone_bps})
@@ -48,12 +56,22 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
         parts.append(f"bf16 matmul 8192^3: {res.matmul_flops_per_s / 1e12:.0f} TFLOP/s "
                      f"(peak_bf16_tflops {spec.gpu.peak_bf16_flops / 1e12:.0f})")
     if res.layers:
+        steady = {(t.model, t.seq, t.micro_batch, t.policy): t for t in res.sustained}
+
+        def sustained(t) -> list[str]:
+            u = steady.get((t.model, t.seq, t.micro_batch, t.policy))
+            if u is None:
+                return ["-", "-", "-"]
+            return [f"{u.total_s * 1e3:.2f}", f"{u.total_s / t.total_s:.3f}", f"{u.busy:.0%}"]
+
         parts.append(_table(
-            "one decoder layer, GPU 0 (fwd: no-grad for policy layer; bwd: recompute + bwd)",
-            ["model", "seq", "mb", "policy", "fwd ms", "bwd ms", "total ms", "TFLOP/s"],
+            "one decoder layer, GPU 0 (fwd: no-grad for policy layer; bwd: recompute + bwd; "
+            "short runs, then sustained back to back: the steady time written as fwd_bwd_s)",
+            ["model", "seq", "mb", "policy", "fwd ms", "bwd ms", "total ms", "TFLOP/s",
+             "sustained ms", "x short", "GPU busy"],
             [[t.model, str(t.seq), str(t.micro_batch), t.policy, f"{t.fwd_s * 1e3:.2f}",
-              f"{t.bwd_s * 1e3:.2f}", f"{t.total_s * 1e3:.2f}", f"{t.flops_per_s / 1e12:.0f}"]
-             for t in res.layers]))
+              f"{t.bwd_s * 1e3:.2f}", f"{t.total_s * 1e3:.2f}", f"{t.flops_per_s / 1e12:.0f}",
+              *sustained(t)] for t in res.layers]))
     if res.layers_skipped:
         parts.append("out of GPU memory, skipped: " + "; ".join(res.layers_skipped))
     if res.collective_s:

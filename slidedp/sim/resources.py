@@ -26,8 +26,9 @@ Sharing rule, in two stages, recomputed whenever a task starts or ends:
   1. cores: CPU tasks (CAST, ADAM, HOST_SUM) ask for `threads` cores. If the pool has enough,
      each gets what it asks; otherwise cores are split max-min fair (water-filling on thread
      counts). A task holding c of its t threads runs at most at rate(c) / rate(t) of its full
-     rate, with rate() the host's measured curve (cast, Adam; linear for HOST_SUM), so a pool
-     shared by workers beyond the saturation knee loses little.
+     rate, with rate() the host's measured curve (cast: its chunk size's, HostSpec.cast_rate;
+     Adam; linear for HOST_SUM), so a pool shared by workers beyond the saturation knee loses
+     little.
   2. bandwidth: speeds are max-min fair (progressive filling): all speeds rise together from 0;
      when a resource's capacity is reached, the tasks on it freeze at that speed; when a task
      reaches its ceiling from stage 1 it freezes; the others keep rising. Equal speed = equal
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -134,7 +136,9 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     names = use.names
     pools = {i for i, n in enumerate(names) if n.endswith(".cores")}
     compute_of = [names.index(f"gpu{r}.compute") for r in range(g.n_ranks)]
-    curves = {int(Kind.CAST): hw.host.cast_rate, int(Kind.ADAM): hw.host.adam_rate}
+    curves = {int(Kind.ADAM): hw.host.adam_rate}
+    cast_curves: dict[float, Callable[[float], float]] = {}  # chunk elements -> its thread curve
+    work = g.work.tolist()
     coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
     ptr, res, amt = use.ptr.tolist(), use.res.tolist(), use.amount.tolist()
     kinds, dur = g.kind.tolist(), durations.tolist()
@@ -151,5 +155,10 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
                     uses.append((j, amt[i] / d))
             if k in coll and collective_sm_fraction > 0:
                 uses += [(j, collective_sm_fraction) for j in compute_of]
-        specs.append((uses, pool, curves.get(k)))
+        if k == Kind.CAST:  # the chunk size's thread curve (HostSpec.cast_rate)
+            curve = cast_curves.setdefault(work[v], partial(hw.host.cast_rate,
+                                                             chunk_elems=work[v]))
+        else:
+            curve = curves.get(k)
+        specs.append((uses, pool, curve))
     return specs

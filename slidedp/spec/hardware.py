@@ -15,6 +15,10 @@ Schema (units in names):
   [host]      cores, ram_gib, dram_gbps, cast_gelem_per_s = [[threads, rate]],
               adam_gparam_per_s = [[threads, rate]], adam_dram_bytes_per_param,
               cast_dram_bytes_per_elem, source
+              cast_chunk_gelem_per_s = [[chunk_mib, threads, rate], ...]  (optional) the cast by
+              chunk size: chunk_mib is the chunk's BF16 size (what H2D moves, as pcie.chunk_gbps;
+              elements = chunk_mib MiB / 2 B); rows by chunk_mib, threads strictly increasing
+              within a chunk. When present, CAST tasks take it (cast_rate with chunk_elems)
   [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
               cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
               efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
@@ -121,6 +125,9 @@ class PcieSpec:
     chunk_bps: tuple[tuple[float, float, float], ...] = ()  # (chunk bytes, h2d, d2h), by chunk
 
 
+BF16 = 2  # bytes per element of a cast chunk on the wire (cast_chunk_gelem_per_s's chunk_mib)
+
+
 @dataclass(frozen=True)
 class HostSpec:
     cores: int
@@ -131,9 +138,25 @@ class HostSpec:
     adam_dram_bytes_per_param: float
     cast_dram_bytes_per_elem: float
     sources: MappingProxyType
+    # (chunk elements, elem/s against threads), by chunk; () when the file has no such table
+    cast_chunk: tuple[tuple[float, RateCurve], ...] = ()
 
-    def cast_rate(self, threads: float) -> float:
-        return self.cast_elems_per_s.at(threads)
+    def cast_rate(self, threads: float, chunk_elems: float | None = None) -> float:
+        """Elements/s of the FP32 -> BF16 cast with `threads` threads; with `chunk_elems` and a
+        cast_chunk table, that chunk size's rate: each measured chunk's curve at `threads`
+        (saturating, as RateCurve), linear in log chunk size between the measured chunks and
+        clamped at the smallest and largest; else the thread curve (large buffers)."""
+        if chunk_elems is None or not self.cast_chunk:
+            return self.cast_elems_per_s.at(threads)
+        rows = self.cast_chunk
+        if chunk_elems <= rows[0][0]:
+            return rows[0][1].at(threads)
+        if chunk_elems >= rows[-1][0]:
+            return rows[-1][1].at(threads)
+        i = bisect.bisect_right([c for c, _ in rows], chunk_elems)
+        (c0, r0), (c1, r1) = rows[i - 1], rows[i]
+        w = (math.log(chunk_elems) - math.log(c0)) / (math.log(c1) - math.log(c0))
+        return (1 - w) * r0.at(threads) + w * r1.at(threads)
 
     def adam_rate(self, threads: float) -> float:
         return self.adam_params_per_s.at(threads)
@@ -243,15 +266,40 @@ def _pcie(t: Table) -> PcieSpec:
 def _host(t: Table) -> HostSpec:
     keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
-    src = _sources(t, keys)
+    src = _sources(t, keys + (["cast_chunk_gelem_per_s"] if t.has("cast_chunk_gelem_per_s")
+                              else []))
     cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
                                 "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
     adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
                                 "param/s", src["adam_gparam_per_s"]).scaled(1e9)
     h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
-                 t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src)
+                 t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
+                 _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
+                              src.get("cast_chunk_gelem_per_s", "")))
     t.done()
     return h
+
+
+def _cast_chunks(rows, where: str, source: str) -> tuple[tuple[float, RateCurve], ...]:
+    """host.cast_chunk_gelem_per_s rows -> ((chunk elements, elem/s against threads), ...)."""
+    name = "host.cast_chunk_gelem_per_s"
+    if not isinstance(rows, list):
+        raise SpecError(where, name, f"a list of [chunk_mib, threads, gelem_per_s], got {rows!r}")
+    by_chunk: dict[float, list[list]] = {}
+    last = 0.0
+    for r in rows:
+        if not (isinstance(r, list) and len(r) == 3
+                and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                        and v > 0 for v in r)):
+            raise SpecError(where, name,
+                            f"[chunk_mib, threads, gelem_per_s] positive numbers, got {r!r}")
+        if r[0] < last:
+            raise SpecError(where, name, f"rows ordered by chunk_mib, got {r[0]} after {last}")
+        last = r[0]
+        by_chunk.setdefault(r[0], []).append([r[1], r[2]])
+    return tuple((c * MIB / BF16, RateCurve.from_pairs(
+        pairs, where, f"{name} (chunk_mib {c}: threads)", "elem/s", source).scaled(1e9))
+        for c, pairs in by_chunk.items())
 
 
 def _fabric(t: Table) -> FabricSpec:

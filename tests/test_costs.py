@@ -1,0 +1,104 @@
+"""graph/costs.py's CAST durations: the hardware's cast rate by chunk size when it has
+host.cast_chunk_gelem_per_s (interpolated in log chunk size), else the thread curve; the
+simulator's core-sharing curve follows the same chunk size."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from slidedp.graph import build_graph
+from slidedp.graph.costs import core_share_of, resource_use, task_durations
+from slidedp.graph.tasks import Kind
+from slidedp.model.predict import predict
+from slidedp.sim.resources import task_flows_spec
+from slidedp.spec.hardware import load_hardware, preset_dir
+from slidedp.spec.model import load_model
+from slidedp.spec.plan import Plan, default_plan
+from slidedp.spec.workload import Workload
+
+MIB = 2**20
+# h200x2's thread curve is [[1, 1.3], [8, 8.2], [16, 11.8], [32, 16.5]] Gelem/s; the chunk table
+# is slower at 16 MiB than at 256 MiB, and both differ from the thread curve
+ROWS = "[[16, 1, 0.9], [16, 16, 6.0], [256, 1, 1.2], [256, 16, 12.0]]"
+
+
+@pytest.fixture(scope="module")
+def hw_chunks(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hw") / "chunks.toml"
+    text = (preset_dir() / "h200x2.toml").read_text()
+    path.write_text(text.replace("cast_dram_bytes_per_elem = 6\n",
+                                 f"cast_dram_bytes_per_elem = 6\ncast_chunk_gelem_per_s = {ROWS}\n",
+                                 1))
+    return load_hardware(str(path))
+
+
+def _graph(chunk_mib: float = 64.0):
+    wl = Workload(load_model("qwen3-0.6b"), 512, 2, 1, 2)
+    plan = Plan(**{**default_plan("nvswitch").__dict__, "h2d_chunk_mib": chunk_mib})
+    return wl, build_graph(wl, plan, cores=32, iterations=1)
+
+
+def _casts(g):
+    idx = np.flatnonzero(g.kind == int(Kind.CAST))
+    assert len(idx)
+    return idx
+
+
+def test_cast_rate_interpolates_in_log_chunk_size(hw_chunks):
+    h, e16, e256 = hw_chunks.host, 16 * MIB / 2, 256 * MIB / 2
+    assert h.cast_rate(1, e16) == 0.9e9 and h.cast_rate(16, e256) == 12e9
+    assert h.cast_rate(1, 64 * MIB / 2) == pytest.approx((0.9e9 + 1.2e9) / 2)  # log midpoint
+    assert h.cast_rate(1, 1024) == 0.9e9 and h.cast_rate(1, 1e12) == 1.2e9  # clamped
+    assert h.cast_rate(64, e16) == 6e9  # saturates past the last measured thread count
+    assert h.cast_rate(8.5, e16) == pytest.approx(0.9e9 + (6e9 - 0.9e9) * 7.5 / 15)
+    assert h.cast_rate(8) == pytest.approx(8.2e9)  # no chunk: the thread curve
+
+
+@pytest.mark.parametrize("chunk_mib", [16.0, 64.0])
+def test_cast_durations_use_the_chunk_rate_when_present(hw_chunks, chunk_mib):
+    wl, g = _graph(chunk_mib)
+    d, idx = task_durations(g, hw_chunks, wl), _casts(g)
+    share = core_share_of(g)
+    for v in idx:
+        elems, t = g.work[v], g.threads[v]
+        assert d[v] == pytest.approx(elems / (hw_chunks.host.cast_rate(t, elems) * share))
+    full = idx[np.argmax(g.work[idx])]  # a whole plan chunk (the unit's last may be shorter)
+    assert g.work[full] == chunk_mib * MIB / 2
+    w = math.log(chunk_mib / 16) / math.log(256 / 16)
+    t = g.threads[full]
+    rate = ((1 - w) * hw_chunks.host.cast_chunk[0][1].at(t)
+            + w * hw_chunks.host.cast_chunk[1][1].at(t))
+    assert d[full] == pytest.approx(g.work[full] / (rate * share))
+    assert d[full] != pytest.approx(g.work[full] / (hw_chunks.host.cast_elems_per_s.at(t) * share))
+
+
+def test_cast_durations_use_the_thread_curve_without_the_table():
+    hw = load_hardware("h200x2")
+    assert hw.host.cast_chunk == ()
+    wl, g = _graph()
+    d, idx = task_durations(g, hw, wl), _casts(g)
+    share = core_share_of(g)
+    want = g.work[idx] / (np.array([hw.host.cast_elems_per_s.at(t) for t in g.threads[idx]])
+                          * share)
+    assert d[idx] == pytest.approx(want)
+
+
+def test_simulated_core_sharing_follows_the_chunk_curve(hw_chunks):
+    wl, g = _graph()
+    d = task_durations(g, hw_chunks, wl)
+    specs = task_flows_spec(g, d, resource_use(g, hw_chunks, d), hw_chunks, 0.0)
+    for v in _casts(g):
+        curve = specs[v][2]
+        assert curve(3) == hw_chunks.host.cast_rate(3, g.work[v])
+    adam = np.flatnonzero(g.kind == int(Kind.ADAM))[0]
+    assert specs[adam][2](3) == hw_chunks.host.adam_rate(3)
+
+
+def test_predict_runs_with_the_chunk_table(hw_chunks):
+    wl = Workload(load_model("qwen3-8b"), 4096, 2, 1, 2)
+    base = predict(load_hardware("h200x2"), wl, default_plan("nvswitch"))
+    slower = predict(hw_chunks, wl, default_plan("nvswitch"))  # its 64 MiB chunks cast slower
+    assert slower.step_time_s >= base.step_time_s * (1 - 1e-9)
