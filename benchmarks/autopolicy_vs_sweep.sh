@@ -15,7 +15,7 @@ DEVICE=${DEVICE:-cuda}  # cpu: a dry run of the plumbing (e.g. MODEL tiny-qwen3,
 export PYTHONPATH=${PYTHONPATH:-}:$PWD
 mkdir -p "$OUT" && rm -f "$OUT/sweep.jsonl"
 L=$(python3 -c "from slidedp.spec.model import load_model as m; print(m('$MODEL').n_layers)")
-python3 benchmarks/policy_layers.py "$OUT/policy_layers.json" "$MODEL" --micro-batch "$MB" \
+python3 benchmarks/policy_layers.py "$OUT/policy_layers.json" --model "$MODEL" --micro-batch "$MB" \
     --seq "$SEQ" --device "$DEVICE" || echo "policy_layers failed"
 /usr/bin/time -f "selection wall %e s" python3 -m slidedp.cli plan --hardware "$HW" --model "$MODEL" \
     --gpus 1 --seq "$SEQ" --micro-batch "$MB" --probe --device "$DEVICE" --out "$OUT/plan.toml" \
