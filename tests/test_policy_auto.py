@@ -114,6 +114,9 @@ def test_spare_memory_goes_to_the_window_when_uploads_are_exposed():
     assert plan.window_slots == wl.model.n_layers
     windows = {f.route.plan.window_slots for f in rep.finalists}
     assert windows == {3, 19, 36}
+    # every chunk size reaches the probes too: the simulator barely separates them
+    assert {f.route.plan.h2d_chunk_mib for f in rep.finalists} == {
+        s.plan.h2d_chunk_mib for s in rep.routes}
     by_w = {f.route.plan.window_slots: f.score_s for f in rep.finalists}
     assert by_w[36] < by_w[3] * 0.95
     assert any("window 36 over 3 slots saves" in x for x in rep.lines())

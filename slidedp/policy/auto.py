@@ -82,13 +82,19 @@ def _route_ranking(hw: HardwareSpec, wl: Workload, base: Plan, notes: list[str])
 
 
 def _finalist_routes(hw: HardwareSpec, wl: Workload, ranked: list[Scored]) -> list[Scored]:
-    """The best route of each window size and the overall runner-up, all simulated."""
-    picks: dict[int, Scored] = {}
-    for s in ranked:
-        picks.setdefault(s.plan.window_slots, s)
-    out = list(picks.values())
-    if len(ranked) > 1 and ranked[1] not in out:
-        out.append(ranked[1])
+    """The best route of each window size and of each chunk size, all simulated.
+
+    Chunk sizes get their own finalists because the simulator barely tells them apart while the
+    executor does: each chunk is a cast, a copy and an update dispatched from Python, whose host
+    cost the model leaves out (measured on nvidia-h200-x2, Qwen3-4B mb 4, `sac`: 256 MiB chunks
+    6% faster than 64 MiB at window 3; AutoPolicy, probing only its 16 MiB finalists, reached 0.97
+    of the best swept plan; benchmarks/RESULTS.md). The probes then decide."""
+    out: list[Scored] = []
+    for key in (lambda p: p.window_slots, lambda p: p.h2d_chunk_mib):
+        picks: dict[float, Scored] = {}
+        for s in ranked:
+            picks.setdefault(key(s.plan), s)
+        out += [s for s in picks.values() if s not in out]
     return [s if s.simulated_s is not None else
             replace(s, simulated_s=simulate(hw, wl, s.plan, check_memory=False).step_time_s)
             for s in out]
