@@ -135,3 +135,16 @@ def test_cli_train_plan_auto(tmp_path):
     fixed = _cli(*base, "--chunk-mib", "64")
     assert fixed.returncode == 2 and "--chunk-mib" in fixed.stderr
     assert fixed.stderr.count("\n") == 1
+
+
+def test_cli_train_plan_auto_checks_the_data_before_choosing(tmp_path):
+    out = tmp_path / "run"
+    base = ["train", "--plan", "auto", "--out", str(out), "--device", "cpu",
+            "--global-batch", "4", "--micro-batch", "2"]
+    missing = _cli(*base, "--data", str(tmp_path / "nope.npy"))
+    assert missing.returncode == 2 and "nope.npy" in missing.stderr
+    short = _cli(*base, "--seq", "32")  # the bundled tiny-markov set has 64 tokens per sequence
+    assert short.returncode == 2 and "seq_len" in short.stderr
+    for r in (missing, short):
+        assert "choosing the plan" not in r.stdout and r.stderr.count("\n") == 1
+    assert not (out / "plan.toml").exists()

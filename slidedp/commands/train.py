@@ -240,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
             return train(cfg, source, sess)
     print(format_config(opts), flush=True)
     if opts["plan"] == AUTO:  # the rank processes below read the chosen plan's file
+        precheck_data(opts)  # bad data fails now, not after the selection's probes
         opts["plan"] = str(select_plan(opts))
     cfg, source = build(opts)
     if opts["nproc"] == 1:
@@ -248,6 +249,15 @@ def run(args: argparse.Namespace) -> int:
     overrides = [f"{k}={json.dumps(v)}" for k, v in opts.items() if v is not None]
     return launch(opts["nproc"], ["-m", "slidedp.cli", "train", *overrides],
                   env={"OMP_NUM_THREADS": "1"} | dict(os.environ))
+
+
+def precheck_data(opts: dict) -> None:
+    """The data file's checks that read no data (exec/data.py precheck_tokens)."""
+    from slidedp.exec.data import precheck_tokens
+    from slidedp.exec.io import open_model_source
+
+    source = open_model_source(opts["model"], seed=opts["seed"])
+    precheck_tokens(opts["data"], opts["seq"], source.model_dir)
 
 
 def train(cfg: TrainConfig, source, session: DistSession | None = None) -> int:

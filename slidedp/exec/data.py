@@ -38,6 +38,7 @@ from slidedp.spec.errors import SpecError
 
 CHECK_CHUNK_ELEMS = 1 << 24  # tokens per chunk of the id-range pass (bounds its temp memory)
 TOKENIZE_DOCS = 1024  # documents per tokenizer call
+NO_TOKENIZER = "a model directory with a tokenizer (presets have none: use a .npy of token ids)"
 BUNDLED_SUFFIX = ".npy"
 
 
@@ -65,13 +66,7 @@ def open_tokens(
     text_field: str = "text",
 ) -> TokenSequences:
     """Token sequences of length `seq` with ids < `vocab` from a .npy, .jsonl or .txt file."""
-    p = Path(path)
-    if not p.exists() and (bundled_data_dir() / f"{path}{BUNDLED_SUFFIX}").is_file():
-        p = bundled_data_dir() / f"{path}{BUNDLED_SUFFIX}"
-    if not p.is_file():
-        raise SpecError(
-            str(p), "<file>", "an existing .npy, .jsonl or .txt file (or a bundled set)"
-        )
+    p = _resolve(path)
     if p.suffix == ".npy":
         data = TokenSequences(str(p), _load_npy(p, seq))
     elif p.suffix in (".jsonl", ".txt"):
@@ -80,6 +75,32 @@ def open_tokens(
         raise SpecError(str(p), "<extension>", f".npy, .jsonl or .txt, got {p.suffix!r}")
     _check_ids(data, vocab)
     return data
+
+
+def precheck_tokens(path: str | Path, seq: int, tokenizer_dir: str | Path | None = None) -> None:
+    """What open_tokens checks without reading the data: the file, its extension, a .npy's
+    header (2-D integer array of `seq` columns), a tokenizer for text. For checks that must come
+    before something long (AutoPolicy's selection); the token ids are checked when opened."""
+    p = _resolve(path)
+    if p.suffix == ".npy":
+        _load_npy(p, seq)
+    elif p.suffix in (".jsonl", ".txt"):
+        if tokenizer_dir is None:
+            raise SpecError(str(p), "tokenizer", NO_TOKENIZER)
+    else:
+        raise SpecError(str(p), "<extension>", f".npy, .jsonl or .txt, got {p.suffix!r}")
+
+
+def _resolve(path: str | Path) -> Path:
+    """The data file: a path, or the name of a bundled set; SpecError if there is none."""
+    p = Path(path)
+    if not p.exists() and (bundled_data_dir() / f"{path}{BUNDLED_SUFFIX}").is_file():
+        p = bundled_data_dir() / f"{path}{BUNDLED_SUFFIX}"
+    if not p.is_file():
+        raise SpecError(
+            str(p), "<file>", "an existing .npy, .jsonl or .txt file (or a bundled set)"
+        )
+    return p
 
 
 def _load_npy(p: Path, seq: int) -> np.ndarray:
@@ -131,11 +152,7 @@ def _documents(p: Path, text_field: str) -> list[str]:
 
 def _load_text(p: Path, seq: int, tokenizer_dir, text_field: str) -> TokenSequences:
     if tokenizer_dir is None:
-        raise SpecError(
-            str(p),
-            "tokenizer",
-            "a model directory with a tokenizer (presets have none: use a .npy of token ids)",
-        )
+        raise SpecError(str(p), "tokenizer", NO_TOKENIZER)
     from transformers import AutoTokenizer
 
     try:
