@@ -356,8 +356,9 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             # the staging chunks are read by HOST_SUM (cpu route) or directly by ADAM
             r0, src, i = downs[0]
             if len(downs) > 1:
+                # R - 1 additions, each reading two FP32 chunks and writing one (staging.host_sum)
                 src = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
-                             (hi - lo) * (GRAD_D2H_BYTES * len(downs) + 4), lo, hi,
+                             (hi - lo) * GRAD_D2H_BYTES * 3 * (len(downs) - 1), lo, hi,
                              threads=worker_threads, buffer=i)
                 for r, v, j in downs:
                     b.edge(v, src, EdgeKind.DATA)
