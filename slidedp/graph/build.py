@@ -481,7 +481,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         meta={"cast_threads": cast_threads, "update_threads": update_threads,
               "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter,
               "core_share": core_share(cast_threads, update_threads, cores),
-              "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm},
+              "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm,
+              "adam_writes_copy": plan.host_bf16_copy},
     )
     return g
 

@@ -15,7 +15,11 @@ Durations are each task alone on its agent at the full rate of its resources (no
                           time-slice them). The cast rate is the hardware's rate for a chunk of
                           the task's elements when it has host.cast_chunk_gelem_per_s (measured
                           by chunk size into a pinned ring, interpolated in log chunk size),
-                          else its thread curve (large buffers): HostSpec.cast_rate
+                          else its thread curve (large buffers): HostSpec.cast_rate. With
+                          host_bf16_copy (meta["adam_writes_copy"]) each ADAM also writes the
+                          BF16 copy from the updated master, a cast pass of its chunk by the
+                          update worker's team (engine._run_adam): + elements / (cast rate x
+                          share) and the cast's DRAM bytes
   HOST_SUM                bytes / host DRAM rate
   ALLGATHER, REDUCE       the fabric's collective time (ring bytes / bus rate + latency)
 Resources (each with a capacity per second; the analytic lower bound sums work over them, the
@@ -106,6 +110,10 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     if len(idx):
         rates = np.array([hw.host.adam_rate(t) for t in g.threads[idx]]) * share
         d[idx] = work[idx] / rates
+        if g.meta.get("adam_writes_copy"):
+            copy = np.array([hw.host.cast_rate(t, e) for t, e in zip(g.threads[idx], work[idx],
+                                                                     strict=True)]) * share
+            d[idx] += work[idx] / copy
     d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / hw.host.dram_bps
     for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
         d[v] = hw.fabric.collective_s(COLLECTIVE_OPS[g.op[v]], work[v], g.n_ranks)
@@ -145,6 +153,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
 
     kinds, ranks, work = g.kind.tolist(), g.rank.tolist(), g.work.tolist()
     threads = held_cores(g).tolist()
+    copy_pass = bool(g.meta.get("adam_writes_copy"))
     dur = durations.tolist()
     for v, k in enumerate(kinds):
         r, w = ranks[v], work[v]
@@ -160,7 +169,8 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
             use("host.dram", w * h.cast_dram_bytes_per_elem)
             use("host.cores", threads[v] * dur[v])
         elif k == Kind.ADAM:
-            use("host.dram", w * h.adam_dram_bytes_per_param)
+            use("host.dram", w * (h.adam_dram_bytes_per_param
+                                  + (h.cast_dram_bytes_per_elem if copy_pass else 0)))
             use("host.cores", threads[v] * dur[v])
         elif k == Kind.HOST_SUM:
             use("host.dram", w)
