@@ -413,7 +413,7 @@ class Engine:
         if self.cuda:
             torch.cuda.set_device(self.device)
         if self.cuda and (n := self._cpu_threads(a)) > 0:
-            torch.set_num_threads(n)  # this worker's own OpenMP team (a per-thread setting)
+            own_omp_team(n)
         while (st := q.get()) is not None:
             try:
                 for v in self.tpl.local_tasks[a]:
@@ -678,6 +678,18 @@ class Engine:
                     st.lr)
         if hs.copy is not None:
             hs.unit_copy(u)[lo:hi].copy_(p)
+
+
+def own_omp_team(threads: int) -> None:
+    """Give the calling thread its own OpenMP team of `threads` for its later torch CPU ops.
+
+    torch.set_num_threads sets the calling thread's OpenMP team size and a process-wide default,
+    but a thread's first parallel op (or get_num_threads) re-initialises its team from that
+    process-wide default unless the thread was initialised before: set alone, every worker ends
+    up with the size the LAST worker set (a race; until 2026-11-30 15:30 every CPU agent ran with
+    the update team's size). Initialising first makes the setting stick to this thread."""
+    torch.get_num_threads()  # initialise this thread's team (from the process default)
+    torch.set_num_threads(threads)
 
 
 def _accumulate(dst: torch.Tensor, g: torch.Tensor, micro_batch: int) -> None:

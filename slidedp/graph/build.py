@@ -72,6 +72,10 @@ def core_share(cast_threads: float, update_threads: float, cores: float) -> floa
     (x1.53), both about 48 / 32 = 1.5, although with the whole model resident and the step join
     the cast (forward) and the update (backward) do not run at the same time: the share is held
     by the teams, not by their running ops, so it is applied to every CAST / ADAM / HOST_SUM.
+    Caveat (found later the same day): the executor then gave every CPU agent the team size the
+    last agent set (a torch threading race, fixed by engine.own_omp_team), so that case ran two
+    32-thread teams and every default-split run two teams of the update's size. The rule's
+    evidence is confounded; re-measure the thread splits with the fixed executor.
     """
     teams = cast_threads + update_threads
     return min(1.0, cores / teams) if teams > 0 and cores > 0 else 1.0
