@@ -69,7 +69,7 @@ def main() -> int:
         host_name, host_s = sim.host
         bound = "gpu" if sim.compute_s >= host_s else f"host ({host_name})"
 
-        def err(x: float) -> str:
+        def err(x: float, measured: float | None = measured) -> str:
             return "" if measured is None else f" ({100 * (x - measured) / measured:+.0f}%)"
 
         m = "-" if measured is None else f"{measured:.2f}"

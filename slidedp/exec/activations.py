@@ -88,7 +88,10 @@ class KeptActivations:
         self.host = [pool.empty((accum, w), torch.uint8) for w in host_width]
         # one tensor per reload buffer: a write into one does not bump the version counter of
         # tensors autograd saved from another
-        self.reload = [torch.empty(accum, max(host_width, default=0), dtype=torch.uint8,
+        # flat, viewed (accum, layer's width) per layer: the reload copy is then contiguous on
+        # both sides (a narrower column slice of a wider 2-D buffer would make CUDA copy through
+        # a temporary allocated per step)
+        self.reload = [torch.empty(accum * max(host_width, default=0), dtype=torch.uint8,
                                    device=device) for _ in range(reload_ahead)]
         self.tail = [torch.empty(accum, w, dtype=torch.uint8, device=device) for w in tail_width]
         self._index: dict[tuple[int, int], dict[int, int]] = {}  # storage pointer -> entry
@@ -141,8 +144,12 @@ class KeptActivations:
 
     def reload_layer(self, layer: int) -> None:
         """ACT_RELOAD: layer `layer`'s host parts into its reload buffer."""
-        host = self.host[layer - 1]
-        self.reload[layer % self.reload_ahead][:, :host.shape[1]].copy_(host, non_blocking=True)
+        self._reload_view(layer).copy_(self.host[layer - 1], non_blocking=True)
+
+    def _reload_view(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s reload buffer, (accum, its host width), contiguous."""
+        w = self.host[layer - 1].shape[1]
+        return self.reload[layer % self.reload_ahead][:self.accum * w].view(self.accum, w)
 
     def tensor(self, h: Kept) -> torch.Tensor:
         flat = self._entry(h.layer, h.b, h.k).view(h.dtype)
@@ -156,7 +163,7 @@ class KeptActivations:
             if off == 0:
                 flat = resident
             else:
-                flat = self.reload[layer % self.reload_ahead][b, at:at + off]
+                flat = self._reload_view(layer)[b, at:at + off]
                 if resident is not None:
                     flat = torch.cat([flat, resident])
             self._cache[key] = flat

@@ -686,8 +686,8 @@ def own_omp_team(threads: int) -> None:
     torch.set_num_threads sets the calling thread's OpenMP team size and a process-wide default,
     but a thread's first parallel op (or get_num_threads) re-initialises its team from that
     process-wide default unless the thread was initialised before: set alone, every worker ends
-    up with the size the LAST worker set (a race; until 2026-11-30 15:30 every CPU agent ran with
-    the update team's size). Initialising first makes the setting stick to this thread."""
+    up with the size the LAST worker set (a race: the GPU runs of 2026-11-30 ran every CPU agent
+    with the update team's size). Initialising first makes the setting stick to this thread."""
     torch.get_num_threads()  # initialise this thread's team (from the process default)
     torch.set_num_threads(threads)
 

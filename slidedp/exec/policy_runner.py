@@ -43,6 +43,7 @@ the offload split.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +66,7 @@ class PiecePlan:
     kept: tuple[str, ...]
 
 
+@functools.cache
 def piece_plan(p: LayerPolicy) -> PiecePlan:
     if p.kind == "sac":
         redo = SAC_RECOMPUTED
@@ -139,6 +141,7 @@ class LayerState:
     recomputed: dict[str, torch.Tensor] = field(default_factory=dict)  # filled by recompute
     saved: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # filled by recompute
     ready: bool = False  # recompute done
+    acts: KeptActivations | None = None  # where forward kept its tensors (recompute reads them)
 
 
 class PolicyRunner:
@@ -156,7 +159,7 @@ class PolicyRunner:
         """Layer `layer`'s output for micro-batch b (x already kept by the caller); what it keeps
         goes to `acts` (default: the runner's)."""
         acts = acts or self.acts
-        st = LayerState(layer, b, policy)
+        st = LayerState(layer, b, policy, acts=acts)
         if policy.kind == "layer":
             with torch.no_grad():
                 return self.runner.layer_forward(params, x, rope), st
@@ -190,7 +193,7 @@ class PolicyRunner:
             if isinstance(h, _Placeholder):
                 v = st.recomputed[h.value]
                 return v.as_strided(h.size, h.stride, v.storage_offset() + h.offset)
-            return self.acts.tensor(h)
+            return acts.tensor(h)
 
         leaves = {k: p.detach().requires_grad_() for k, p in params.items()}
         with torch.enable_grad(), saved_tensors_hooks(pack, unpack):
@@ -230,7 +233,7 @@ class PolicyRunner:
         st.ready = True
         if st.policy.kind == "layer":
             leaves = {k: p.detach().requires_grad_() for k, p in params.items()}
-            x = self.acts.input(st.layer, st.b).detach().requires_grad_()
+            x = st.acts.input(st.layer, st.b).detach().requires_grad_()
             with torch.enable_grad():
                 out = self.runner.layer_forward(leaves, x, rope)
             st.graph = _Graph([get_gradient_edge(x)], [get_gradient_edge(out)], leaves)
@@ -252,7 +255,7 @@ class PolicyRunner:
                 if pc.name not in plan.recomputed:
                     continue
                 ins = [(st.recomputed[n] if n in st.recomputed
-                        else self.acts.tensor(st.kept[n])).detach().requires_grad_()
+                        else st.acts.tensor(st.kept[n])).detach().requires_grad_()
                        for n in pc.inputs]
                 record = []
                 outs = self.pieces.run(pc, leaves, ins, rope)

@@ -76,8 +76,8 @@ class HostRings:
                  in_place: bool = False) -> torch.Tensor:
         """The sum in FP32 of the chunks (ring key, slot) in srcs, in their order, in acc[worker]
         or, in_place, in the first chunk. Each of the R - 1 additions reads two chunks and writes
-        one (12 B per element; graph/build.py counts the same): the first writes acc directly
-        instead of copying the first chunk there first."""
+        one (12 B per element; graph/build.py counts them, and the norm's read of the sum): the first
+        writes acc directly instead of copying the first chunk there first."""
         (key, slot), (key2, slot2), *rest = srcs
         first, second = self.grad[key][slot][:n], self.grad[key2][slot2][:n]
         acc = first.add_(second) if in_place else torch.add(first, second, out=self.acc[worker][:n])

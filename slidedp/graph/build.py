@@ -360,9 +360,10 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             # the staging chunks are read by HOST_SUM (cpu route) or directly by ADAM
             r0, src, i = downs[0]
             if len(downs) > 1:
-                # R - 1 additions, each reading two FP32 chunks and writing one (staging.host_sum)
+                # R - 1 additions, each reading two FP32 chunks and writing one (staging.host_sum),
+                # then the sum's squares for the gradient norm (one more read: engine._run_host_sum)
                 src = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
-                             (hi - lo) * GRAD_D2H_BYTES * 3 * (len(downs) - 1), lo, hi,
+                             (hi - lo) * GRAD_D2H_BYTES * (3 * (len(downs) - 1) + 1), lo, hi,
                              threads=worker_threads, buffer=i)
                 for r, v, j in downs:
                     b.edge(v, src, EdgeKind.DATA)
@@ -392,7 +393,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         fwd_tasks = [[-1] * (L + 2) for _ in range(R)]
         offloads = [[-1] * (L + 2) for _ in range(R)]
 
-        def offload(r: int, layer: int, src: int):
+        def offload(r: int, layer: int, src: int, t: int = t, offloads: list = offloads):
             o = b.task(Kind.ACT_OFFLOAD, t, layer, r, -1, d2h[r], act_bytes[layer])
             b.edge(src, o, EdgeKind.DATA)
             offloads[r][layer] = o
