@@ -86,8 +86,6 @@ class SegmentLayer:
         if unknown := sorted(set(param_names) - seen):
             raise SpecError("model config", "architecture", "a decoder layer of norms, q/k/v/o "
                             f"projections and a gated MLP; parameters {unknown} belong to no segment")
-        self.params_of = {p: [n for _, names in subs.values() for _, n in names]
-                          for p, subs in self.subs.items()}
         self._run = {"input_norm": self._input_norm, "qkv_proj": self._qkv_proj,
                      "qk_norm_rope": self._qk_norm_rope, "attention": self._attention,
                      "o_copy": self._o_copy, "o_proj_residual": self._o_proj_residual,
