@@ -213,3 +213,33 @@ def test_bad_policies_are_spec_errors():
         Plan(layer_policies=("seg:0b11111111",))
     with pytest.raises(SpecError):
         parse_policy("segment")
+
+
+def test_a_step_after_a_failed_step_starts_clean():
+    """A step that fails after the forward kept its activations leaves them behind; the next
+    step must not trip over them (KeptActivations.reset at each step's start)."""
+    from transformers import AutoConfig
+
+    from slidedp.exec.engine import Engine
+    from test_exec_engine import OPT, SEQ, SEED
+
+    cfg = CONFIGS["qwen3"]
+    n = cfg["num_hidden_layers"]
+    (ids, labels), = _batches(cfg, 4)[:1]
+    fail = [True]
+
+    def probe(it, kind, unit, slot):
+        if kind == Kind.BWD and fail[0]:
+            fail[0] = False
+            raise RuntimeError("injected")
+
+    wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=4, micro_batch=2, gpus=1)
+    eng = Engine(cfg, wl, _plan(("sac",), 0.5, n), optimizer=OPT, probe=probe)
+    try:
+        eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
+        with pytest.raises(RuntimeError, match="injected"):
+            eng.step(ids, labels)
+        assert eng.step(ids, labels).loss > 0
+    finally:
+        eng.close()
+        eng.host_state.close()

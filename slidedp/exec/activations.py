@@ -94,6 +94,10 @@ class KeptActivations:
         self.reload = [torch.empty(accum * max(host_width, default=0), dtype=torch.uint8,
                                    device=device) for _ in range(reload_ahead)]
         self.tail = [torch.empty(accum, w, dtype=torch.uint8, device=device) for w in tail_width]
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every kept entry (at each step's start: a failed step leaves its own behind)."""
         self._index: dict[tuple[int, int], dict[int, int]] = {}  # storage pointer -> entry
         self._resident: dict[tuple[int, int], list[torch.Tensor | None]] = {}
         self._pending: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = {}

@@ -357,6 +357,7 @@ class Engine:
         st.targets = [t.reshape(-1) for t in targets[mine].to(self.device).split(mb)]
         st.rope = self.runner.rope(wl.seq_len)
         st.loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.acts.reset()  # nothing is kept across steps (a failed step may have left entries)
         if self.cuda:
             torch.cuda.synchronize(self.device)  # boundary sync (see the module docstring)
             self.ev_ref.record()
