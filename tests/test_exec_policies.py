@@ -218,10 +218,10 @@ def test_bad_policies_are_spec_errors():
 def test_a_step_after_a_failed_step_starts_clean():
     """A step that fails after the forward kept its activations leaves them behind; the next
     step must not trip over them (KeptActivations.reset at each step's start)."""
+    from test_exec_engine import OPT, SEED, SEQ
     from transformers import AutoConfig
 
     from slidedp.exec.engine import Engine
-    from test_exec_engine import OPT, SEQ, SEED
 
     cfg = CONFIGS["qwen3"]
     n = cfg["num_hidden_layers"]
