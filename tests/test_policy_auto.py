@@ -90,6 +90,10 @@ def test_auto_plan_fits_the_cap_and_reports():
     assert sum(rep.chosen.activations.counts.values()) == wl.model.n_layers
     assert rep.selection_s > 0 and any("selection took" in x for x in rep.lines())
     assert any("no real probe" in x for x in rep.lines())
+    # the time by stage adds up to the whole (no probes: ranking and the activation MILPs)
+    assert list(rep.stages_s) == ["route ranking", "activation MILPs"]
+    assert sum(rep.stages_s.values()) == pytest.approx(rep.selection_s, abs=0.05)
+    assert any("(route ranking " in x for x in rep.lines())
 
 
 def test_windows_are_candidates_up_to_the_largest_that_fits():
@@ -140,6 +144,7 @@ def test_probes_decide_between_finalists_and_say_so():
     assert (plan.window_slots, plan.h2d_chunk_mib) == (best.window_slots, best.h2d_chunk_mib)
     text = "\n".join(rep.lines())
     assert "probes on fake:" in text and "no real probe" not in text
+    assert f"probes of {len(rep.finalists)} finalists" in rep.stages_s
 
 
 def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():

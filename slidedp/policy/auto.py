@@ -211,6 +211,8 @@ def auto_plan(
         rep.notes.append("the default plan does not fit the cap")
     rep.routes = _route_ranking(hw, wl, base, rep.notes)
     routes = _finalist_routes(hw, wl, rep.routes)
+    lap = rep.stage_timer(start)
+    lap("route ranking")
 
     allowed = [p for p in profile_policies(hw, wl)
                if p.name == "layer" or runs_policy is None or runs_policy(p.name)]
@@ -220,10 +222,14 @@ def auto_plan(
                          f"{', '.join(p.name for p in profiles)} (of the shortlist)")
     measured = _calibrated(calibrate, routes[0].plan, [p.name for p in profiles], rep.notes)
     rep.measured_taus = set(measured)
+    if calibrate is not None:
+        lap("policy costs measured")
     finalists = [Finalist(s, _activations(hw, wl, s.plan, profiles, measured)) for s in routes]
     simulated_best = min(finalists, key=lambda f: f.simulated_score_s).route.plan
+    lap("activation MILPs")
     if probe is not None:
         finalists = _confirm(probe, finalists, rep.notes)
+        lap(f"probes of {len(routes)} finalists")
     rep.simulator_pick = next((f for f in finalists if f.route.plan == simulated_best), None)
     rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
     chosen = rep.chosen
@@ -234,5 +240,6 @@ def auto_plan(
                              "not run it (its all-`layer` route was)")
         elif chosen.route.measured_s is not None:
             chosen.activations_rejected = chosen.plan_measured_s > chosen.route.measured_s
+        lap("probe of the chosen mix")
     rep.selection_s = time.perf_counter() - start
     return chosen.plan, rep

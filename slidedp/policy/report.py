@@ -5,6 +5,7 @@ confirmed the choice, and how long selection took."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from slidedp.policy.routes import Scored
@@ -84,6 +85,17 @@ class PolicyReport:
     measured_taus: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     selection_s: float = 0.0
+    stages_s: dict[str, float] = field(default_factory=dict)  # selection time by stage, in order
+
+    def stage_timer(self, start: float):
+        """lap(name): the seconds since the previous lap (or `start`) go to stages_s[name]."""
+        last = [start]
+
+        def lap(name: str) -> None:
+            now = time.perf_counter()
+            self.stages_s[name] = now - last[0]
+            last[0] = now
+        return lap
 
     @property
     def chosen(self) -> Finalist:
@@ -134,7 +146,8 @@ class PolicyReport:
         out.append(f"exposed: {a.exposure}")
         out += self._probe_lines()
         out += [f"note: {n}" for n in self.notes + a.notes]
-        out.append(f"selection took {self.selection_s:.1f} s")
+        stages = ", ".join(f"{name} {t:.1f} s" for name, t in self.stages_s.items())
+        out.append(f"selection took {self.selection_s:.1f} s" + (f" ({stages})" if stages else ""))
         return out
 
     def _probe_lines(self) -> list[str]:
