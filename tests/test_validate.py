@@ -162,6 +162,9 @@ def test_tiny_cpu_run_writes_every_file(tmp_path):
         assert load_trace(f / store.SIMULATED_TRACE).records
         pred = json.loads((f / store.PREDICTED).read_text())
         assert {"analytic", "simulated", "hardware"} <= set(pred) and pred["hardware"]["sha256"]
+        kinds = pred["task_kind_s"]  # per task kind: [measured, simulated] seconds of the step
+        assert {"FWD", "BWD", "ADAM"} <= set(kinds) and all(m >= 0 and s >= 0 for m, s in kinds.values())
+        assert kinds["FWD"][0] == pytest.approx(measured.kind_seconds()["FWD"])
     assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 3
 
 

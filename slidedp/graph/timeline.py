@@ -64,6 +64,14 @@ class Timeline:
     def add(self, rec: Record) -> None:
         self.records.append(rec)
 
+    def kind_seconds(self) -> dict[str, float]:
+        """Summed durations of the records of each task kind (not a union: concurrent tasks of a
+        kind, e.g. the ranks', each count), in Kind order."""
+        out = {k.name: 0.0 for k in Kind}
+        for r in self.records:
+            out[r.kind] += r.end_s - r.start_s
+        return {k: v for k, v in out.items() if v > 0}
+
     def to_rows(self) -> list[dict]:
         return [asdict(r) | {"channel": r.channel} for r in self.records]
 

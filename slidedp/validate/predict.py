@@ -3,8 +3,10 @@
 Both come from the same task graph and the given hardware file (profiled or a preset), with no
 knowledge of the measured figures. Beside a measured trace the simulated steady step is written
 as simulated_trace.json (times from the step's start, like the measured one) and the two are
-overlaid per channel in overlay.png; without one, the simulated trace is left out (it is
-reproducible with `slidedp simulate --trace`, and there is nothing to compare it with).
+overlaid per channel in overlay.png, and predicted.json's task_kind_s lists each task kind's
+summed seconds [measured, simulated] (which kind of task the model gets wrong); without one, the
+simulated trace is left out (it is reproducible with `slidedp simulate --trace`, and there is
+nothing to compare it with).
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) ->
         out["simulated_trace"] = store.SIMULATED_TRACE
         measured = load_trace(measured_trace)
         overlay(measured, simulated, folder / store.OVERLAY, title=f"{case.name} on {hw.name}")
+        # where a step's error comes from: each task kind's summed seconds, measured / simulated
+        m_kinds, s_kinds = measured.kind_seconds(), simulated.kind_seconds()
+        out["task_kind_s"] = {k: [m_kinds.get(k, 0.0), s_kinds.get(k, 0.0)]
+                              for k in dict.fromkeys([*m_kinds, *s_kinds])}
     store.write_json(folder / store.PREDICTED, out)
     return out
 
