@@ -1,7 +1,8 @@
 """Single-GPU host-streaming benchmark (issue 4): ours against a compute-only reference, same run.
 
-For each (model, micro-batch, plan): random weights written unit by unit into the shared host
-state, `iters` real optimizer steps of the engine in BF16 at sequence `seq`, the steady-state step
+For each (model, micro-batch, plan): random weights written unit by unit into a fresh host state
+(with the BF16 copy when the plan keeps one), `iters` real optimizer steps of the engine in BF16
+at sequence `seq` (slidedp.validate.runner.measure, as benchmarks/multi_gpu.py), the steady-state step
 time (mean of steps after `discard`), tokens/s, achieved TFLOP/s (FLOPs from the model spec with
 recompute: fwd + recompute + bwd = 4 x fwd per layer, plus the LM head), GPU peak reserved, host
 PSS per billion parameters, per-channel busy seconds of the last step; then the compute-only
@@ -28,15 +29,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from compute_reference import reference_step_s  # noqa: E402
 
-from slidedp.exec.adamw import AdamWConfig  # noqa: E402
-from slidedp.exec.engine import Engine  # noqa: E402
-from slidedp.exec.host_state import HostState  # noqa: E402
-from slidedp.exec.io import RandomInit, hf_config, meta_layout  # noqa: E402
-from slidedp.exec.metrics import host_pss_bytes  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import Plan  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
-from slidedp.validate.runner import fill_random  # noqa: E402
+from slidedp.validate.runner import measure, random_host_state  # noqa: E402
 
 GIB = 2**30
 
@@ -50,44 +46,32 @@ def step_flops(spec, wl) -> float:
 
 def run_ours(name: str, mb: int, seq: int, plan: Plan, iters: int, discard: int) -> dict:
     spec = load_model(name)
-    cfg = hf_config(dict(spec.config))
     wl = Workload(spec, seq, mb, mb, 1)
     t0 = time.perf_counter()
-    model, layout = meta_layout(cfg)
-    state = HostState.create([u.numel for u in layout], torch.bfloat16 if plan.host_bf16_copy else None)
-    fill_random(RandomInit(model, layout, seed=0), layout, state)
+    state = random_host_state(dict(spec.config), torch.bfloat16 if plan.host_bf16_copy else None,
+                              None)
     init_s = time.perf_counter() - t0
-    eng = Engine(dict(spec.config), wl, plan, device="cuda", dtype=torch.bfloat16,
-                 optimizer=AdamWConfig(lr=1e-5, betas=(0.9, 0.95), weight_decay=0.0),
-                 host_state=state)
-    torch.cuda.reset_peak_memory_stats()
-    gen = torch.Generator().manual_seed(0)
-    data = torch.randint(0, spec.vocab_size, (wl.global_batch, seq), generator=gen)
-    times, losses, last = [], [], None
-    for _ in range(iters):
-        last = eng.step(data)
-        times.append(last.step_time_s)
-        losses.append(last.loss)
-    steady = times[discard:]
-    step = sum(steady) / len(steady)
+    try:
+        m = measure(dict(spec.config), wl, plan, state, device="cuda", iters=iters,
+                    discard=discard)
+    finally:
+        state.close()
+    step = m.step_time_s
     out = {
         "model": name, "params": spec.total_params(), "micro_batch": mb, "seq": seq,
         "plan": {"host_bf16_copy": plan.host_bf16_copy, "window_slots": plan.window_slots,
                  "h2d_chunk_mib": plan.h2d_chunk_mib, "d2h_chunk_mib": plan.d2h_chunk_mib},
-        "step_s": step, "all_steps_s": [round(x, 4) for x in times],
+        "step_s": step, "all_steps_s": [round(x, 4) for x in m.all_steps_s],
         "tokens_per_s": wl.tokens_per_step / step,
         "tflops": step_flops(spec, wl) / step / 1e12,
-        "gpu_peak_gib": torch.cuda.max_memory_reserved() / GIB,
-        "host_pss_gib": host_pss_bytes() / GIB,
-        "host_pss_gib_per_bparam": host_pss_bytes() / GIB / (spec.total_params() / 1e9),
-        "channel_s_last_step": last.channel_s, "loss_first_last": [losses[0], losses[-1]],
+        "gpu_peak_gib": m.gpu_peak_bytes / GIB,
+        "host_pss_gib": m.host_pss_bytes / GIB,
+        "host_pss_gib_per_bparam": m.host_pss_bytes / GIB / (spec.total_params() / 1e9),
+        "channel_s_last_step": m.channel_s, "loss_first_last": [m.loss_first, m.loss_last],
         "init_s": init_s,
     }
-    eng.close()
-    state.close()
-    del eng, state
+    del state
     gc.collect()
-    torch.cuda.empty_cache()
     return out
 
 

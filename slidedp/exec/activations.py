@@ -27,7 +27,8 @@ host, H2D into reload) plus, at most once, the straddling entry's resident tail 
 copying that tail lets the entry's whole storage be freed after ACT_OFFLOAD, so the device holds
 (1 - r) of the kept bytes and no more. The buffers that receive copies (host, reload, tail) are
 reserved at construction from the layout: the device memory for kept activations is bounded by
-the layout (resident parts + reload_ahead_layers reload buffers + one tail per layer) and does
+the layout (resident parts + reload_ahead_layers reload buffers + one tail per layer and
+micro-batch) and does
 not depend on allocator reuse across steps; resident references need no reservation (they are
 the forward's own tensors, released by `release` after the layer's backward).
 """
@@ -86,11 +87,10 @@ class KeptActivations:
             host_width.append(at)
             tail_width.append(tail)
         self.host = [pool.empty((accum, w), torch.uint8) for w in host_width]
-        # one tensor per reload buffer: a write into one does not bump the version counter of
-        # tensors autograd saved from another
-        # flat, viewed (accum, layer's width) per layer: the reload copy is then contiguous on
-        # both sides (a narrower column slice of a wider 2-D buffer would make CUDA copy through
-        # a temporary allocated per step)
+        # one tensor per reload buffer (a write into one does not bump the version counter of
+        # tensors autograd saved from another), flat and viewed (accum, layer's width) per
+        # layer: the reload copy is then contiguous on both sides (a narrower column slice of a
+        # wider 2-D buffer would make CUDA copy through a temporary allocated per step)
         self.reload = [torch.empty(accum * max(host_width, default=0), dtype=torch.uint8,
                                    device=device) for _ in range(reload_ahead)]
         self.tail = [torch.empty(accum, w, dtype=torch.uint8, device=device) for w in tail_width]

@@ -42,7 +42,8 @@ another process waits on, and two at the step boundary: torch.cuda.synchronize()
 inputs are uploaded (so the Timeline's reference event is recorded on an idle GPU) and after the
 join (loss, Timeline). Tensors that cross streams are reserved at construction (slots, gradient
 buffers, rings, the activation offload's host, reload and tail buffers), except a kept
-activation handed to ACT_OFFLOAD, which is record_stream()-ed on the D2H stream. Collectives run on the comm stream (dist/collectives.py).
+activation handed to ACT_OFFLOAD, which is record_stream()-ed on the D2H stream. Collectives run
+on the comm stream (dist/collectives.py).
 On the CPU (device = cpu, gloo) the same code runs: "streams" are the agent threads themselves,
 copies are plain copies done synchronously, and issued[v] means done.
 
@@ -69,11 +70,11 @@ P = accum_steps x micro_batch. Compute tasks cover all of a rank's micro-batches
     RECOMPUTE(l) (only where the policy recomputes something) re-runs, with autograd, what the
                 policy recomputes, for micro-batch 0: the whole layer from its input ("layer"),
                 or the segments / ops it did not keep, from the nearest kept tensors; BWD(l)
-                back-propagates micro-batch b (one autograd.grad per micro-batch, whatever the
-                policy) and recomputes b+1 first, so one micro-batch's
-                recomputed graph is alive at a time (memory.py's `transient` term), and drops
-                what b kept once its backward is done; the gradients of all micro-batches
-                accumulate in the gradient buffer
+                takes the micro-batches in turn: recomputes b (b = 0 was done by RECOMPUTE),
+                back-propagates it (one autograd.grad per micro-batch, whatever the policy) and
+                drops what b kept, so one micro-batch's recomputed graph is alive at a time
+                (memory.py's `transient` term); the gradients of all micro-batches accumulate in
+                the gradient buffer
     ACT_OFFLOAD(l) / ACT_RELOAD(l)  ratio plan.offload_ratio of what layer l keeps (its input
                 included, never parameters, which live in slots) goes to pinned host buffers
                 after the task that produced it (the producer of its input when it keeps only

@@ -37,8 +37,8 @@ goes to the layer's KeptActivations entries (activations.py), which offload rati
               Backward: one autograd.grad from the output to x and the parameters; autograd sums
               the gradients of x and h1 over their two consumers as it does for the HF layer.
 Kept tensors are references, not copies (activations.py): the only per-step copies are the
-offloaded parts (ACT_OFFLOAD, ACT_RELOAD) and the resident tail of the one entry that straddles
-the offload split.
+offloaded parts (ACT_OFFLOAD, ACT_RELOAD) and, for the one entry that straddles the offload split,
+its resident tail and its join in backward.
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ class PiecePlan:
 
     recomputed: frozenset[str]
     kept: tuple[str, ...]
+
+
+def _leaves(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The slot's parameters as autograd leaves (views of the slot, no copy)."""
+    return {k: p.detach().requires_grad_() for k, p in params.items()}
 
 
 @functools.cache
@@ -195,32 +200,30 @@ class PolicyRunner:
                 return v.as_strided(h.size, h.stride, v.storage_offset() + h.offset)
             return acts.tensor(h)
 
-        leaves = {k: p.detach().requires_grad_() for k, p in params.items()}
+        leaves = _leaves(params)
         with torch.enable_grad(), saved_tensors_hooks(pack, unpack):
             entry = _Entry.apply(self.anchor, x)
             if not plan.recomputed:  # the HF layer itself: the same ops, one functional_call
                 out = self.runner.layer_forward(leaves, entry, rope)
-                st.kept["x"] = acts.add(layer, b, x)
-                st.graph = _Graph([get_gradient_edge(entry)], [get_gradient_edge(out)], leaves)
-                return out.detach(), st
-            values = {"x": entry}
-            for pc in PIECES:
-                redo = pc.name in plan.recomputed
-                if redo:
-                    running[0] = pc.name
-                    st.n_saved[pc.name] = 0
-                outs = self.pieces.run(pc, leaves, [values[n] for n in pc.inputs], rope)
-                running[0] = None
-                values.update(zip(pc.outputs, outs, strict=True))
-                if redo:
-                    made_by_recompute.update((o.untyped_storage().data_ptr(),
-                                              (n, o.storage_offset()))
-                                             for n, o in zip(pc.outputs, outs, strict=True))
-                for n in pc.outputs:
-                    if n in plan.kept:
-                        st.kept[n] = acts.add(layer, b, values[n].detach())
+            else:
+                values = {"x": entry}
+                for pc in PIECES:
+                    redo = pc.name in plan.recomputed
+                    if redo:
+                        running[0] = pc.name
+                        st.n_saved[pc.name] = 0
+                    outs = self.pieces.run(pc, leaves, [values[n] for n in pc.inputs], rope)
+                    running[0] = None
+                    values.update(zip(pc.outputs, outs, strict=True))
+                    if redo:
+                        made_by_recompute.update((o.untyped_storage().data_ptr(),
+                                                  (n, o.storage_offset()))
+                                                 for n, o in zip(pc.outputs, outs, strict=True))
+                    for n in pc.outputs:
+                        if n in plan.kept:
+                            st.kept[n] = acts.add(layer, b, values[n].detach())
+                out = values["out"]
         st.kept["x"] = acts.add(layer, b, x)
-        out = values["out"]
         st.graph = _Graph([get_gradient_edge(entry)], [get_gradient_edge(out)], leaves)
         return out.detach(), st
 
@@ -232,7 +235,7 @@ class PolicyRunner:
             return
         st.ready = True
         if st.policy.kind == "layer":
-            leaves = {k: p.detach().requires_grad_() for k, p in params.items()}
+            leaves = _leaves(params)
             x = st.acts.input(st.layer, st.b).detach().requires_grad_()
             with torch.enable_grad():
                 out = self.runner.layer_forward(leaves, x, rope)
@@ -241,7 +244,7 @@ class PolicyRunner:
         plan = piece_plan(st.policy)
         if not plan.recomputed:
             return
-        leaves = {k: p.detach().requires_grad_() for k, p in params.items()}
+        leaves = _leaves(params)
         record: list[torch.Tensor] = []
 
         def pack(t):

@@ -41,6 +41,7 @@ class Measurement:
     host_pss_bytes: int | None  # summed over ranks
     loss_last: float
     timeline: Timeline | None  # last step, every rank, rank 0's clock (None on ranks > 0)
+    loss_first: float = float("nan")
 
 
 def fill_random(init: RandomInit, layout, state: HostState) -> None:
@@ -97,8 +98,9 @@ def measure(model_config: dict, wl: Workload, plan: Plan, hs: HostState, *, devi
     data = torch.randint(0, wl.model.vocab_size, (wl.global_batch, wl.seq_len),
                          generator=torch.Generator().manual_seed(0))
     try:
-        times, last = [], None
-        for _ in range(iters):
+        first = last = eng.step(data)
+        times = [first.step_time_s]
+        for _ in range(iters - 1):
             last = eng.step(data)
             times.append(last.step_time_s)
         pss = host_pss_bytes()  # with the engine's pinned buffers still held
@@ -113,7 +115,8 @@ def measure(model_config: dict, wl: Workload, plan: Plan, hs: HostState, *, devi
     if cuda:
         torch.cuda.empty_cache()
     if parts is None:
-        return Measurement(sum(steady) / len(steady), times, {}, None, None, last.loss, None)
+        return Measurement(sum(steady) / len(steady), times, {}, None, None, last.loss, None,
+                           first.loss)
     origin0 = parts[0][0]
     merged = Timeline(source=last.timeline.source + f", {len(parts)} rank(s)")
     for origin, records, _, _ in parts:
@@ -125,4 +128,4 @@ def measure(model_config: dict, wl: Workload, plan: Plan, hs: HostState, *, devi
         step_time_s=sum(steady) / len(steady), all_steps_s=times,
         channel_s=channel_busy_s(merged), gpu_peak_bytes=max(peaks) if peaks else None,
         host_pss_bytes=sum(pss) if len(pss) == len(parts) else None, loss_last=last.loss,
-        timeline=merged)
+        timeline=merged, loss_first=first.loss)
