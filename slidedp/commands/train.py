@@ -187,9 +187,10 @@ def format_config(opts: dict) -> str:
     return "\n".join(lines)
 
 
-def build(opts: dict):
+def build(opts: dict, source=None):
     """(TrainConfig, ModelSource) from resolved options; SpecErrors name the option or file.
-    The workload spans opts["nproc"] ranks (global batch = micro-batch x ranks x accumulation)."""
+    The workload spans opts["nproc"] ranks (global batch = micro-batch x ranks x accumulation).
+    `source`: the model source when already opened (opts["model"]'s)."""
     import torch
 
     from slidedp.exec.adamw import AdamWConfig
@@ -203,7 +204,7 @@ def build(opts: dict):
     if opts["device"] == "cuda" and ranks > torch.cuda.device_count():
         raise SpecError("command line", "--nproc", f"at most the {torch.cuda.device_count()} "
                         f"CUDA devices of this host (one per rank), got {ranks}")
-    source = open_model_source(opts["model"], seed=opts["seed"])
+    source = source or open_model_source(opts["model"], seed=opts["seed"])
     ns = argparse.Namespace(**{k: opts[k] for k in (
         "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
         "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
@@ -239,10 +240,11 @@ def run(args: argparse.Namespace) -> int:
             cfg, source = build(opts)
             return train(cfg, source, sess)
     print(format_config(opts), flush=True)
+    source = None
     if opts["plan"] == AUTO:  # the rank processes below read the chosen plan's file
-        precheck_data(opts)  # bad data fails now, not after the selection's probes
+        source = precheck_data(opts)  # bad data fails now, not after the selection's probes
         opts["plan"] = str(select_plan(opts))
-    cfg, source = build(opts)
+    cfg, source = build(opts, source)
     if opts["nproc"] == 1:
         return train(cfg, source)
     preflight(cfg, source, opts["nproc"])
@@ -251,13 +253,15 @@ def run(args: argparse.Namespace) -> int:
                   env={"OMP_NUM_THREADS": "1"} | dict(os.environ))
 
 
-def precheck_data(opts: dict) -> None:
-    """The data file's checks that read no data (exec/data.py precheck_tokens)."""
+def precheck_data(opts: dict):
+    """The model source, after the data file's checks that read no data (exec/data.py
+    precheck_tokens: its tokenizer is the model directory's)."""
     from slidedp.exec.data import precheck_tokens
     from slidedp.exec.io import open_model_source
 
     source = open_model_source(opts["model"], seed=opts["seed"])
     precheck_tokens(opts["data"], opts["seq"], source.model_dir)
+    return source
 
 
 def train(cfg: TrainConfig, source, session: DistSession | None = None) -> int:
