@@ -101,19 +101,20 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     down = sel[Kind.D2H] | sel[Kind.ACT_OFFLOAD]
     d[down] = work[down] / hw.pcie.d2h_bps
     share = core_share_of(g)
+
+    def cast_s(idx: np.ndarray) -> np.ndarray:  # a cast of each task's elements by its team
+        rates = [hw.host.cast_rate(t, e) for t, e in zip(g.threads[idx], work[idx], strict=True)]
+        return work[idx] / (np.array(rates) * share)
+
     idx = np.flatnonzero(sel[Kind.CAST])
     if len(idx):
-        rates = np.array([hw.host.cast_rate(t, e) for t, e in zip(g.threads[idx], work[idx],
-                                                                   strict=True)]) * share
-        d[idx] = work[idx] / rates
+        d[idx] = cast_s(idx)
     idx = np.flatnonzero(sel[Kind.ADAM])
     if len(idx):
         rates = np.array([hw.host.adam_rate(t) for t in g.threads[idx]]) * share
         d[idx] = work[idx] / rates
         if g.meta.get("adam_writes_copy"):
-            copy = np.array([hw.host.cast_rate(t, e) for t, e in zip(g.threads[idx], work[idx],
-                                                                     strict=True)]) * share
-            d[idx] += work[idx] / copy
+            d[idx] += cast_s(idx)
     d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / hw.host.dram_bps
     for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
         d[v] = hw.fabric.collective_s(COLLECTIVE_OPS[g.op[v]], work[v], g.n_ranks)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -42,6 +43,19 @@ GIB = 2**30
 MIB = 2**20
 FABRIC_KINDS = ("pcie", "nvlink-pairs", "nvswitch")
 COLLECTIVES = ("all_gather", "reduce_scatter", "reduce", "all_reduce")
+
+
+def log_between(keys: list[float], x: float, value: Callable[[float], float]) -> float:
+    """value(x) from its values at sorted `keys`: linear in log x between the two keys around x,
+    clamped at the first and last key (the measured range)."""
+    if x <= keys[0]:
+        return value(keys[0])
+    if x >= keys[-1]:
+        return value(keys[-1])
+    i = bisect.bisect_right(keys, x)
+    k0, k1 = keys[i - 1], keys[i]
+    w = (math.log(x) - math.log(k0)) / (math.log(k1) - math.log(k0))
+    return (1 - w) * value(k0) + w * value(k1)
 
 
 @dataclass(frozen=True)
@@ -82,15 +96,7 @@ class GpuSpec:
                 math.log(max(tokens, 1.0))
             )
 
-        lh = math.log(hidden)
-        if hidden <= hs[0]:
-            return at_hidden(hs[0])
-        if hidden >= hs[-1]:
-            return at_hidden(hs[-1])
-        i = bisect.bisect_right(hs, hidden)
-        h0, h1 = hs[i - 1], hs[i]
-        w = (lh - math.log(h0)) / (math.log(h1) - math.log(h0))
-        return (1 - w) * at_hidden(h0) + w * at_hidden(h1)
+        return log_between(hs, hidden, at_hidden)
 
     def measured_layer_s(self, hidden: int, ffn: int, seq: int, micro_batch: float) -> float | None:
         """Measured fwd+bwd time of one layer of this shape, linear in micro-batch; None if absent."""
@@ -148,15 +154,8 @@ class HostSpec:
         clamped at the smallest and largest; else the thread curve (large buffers)."""
         if chunk_elems is None or not self.cast_chunk:
             return self.cast_elems_per_s.at(threads)
-        rows = self.cast_chunk
-        if chunk_elems <= rows[0][0]:
-            return rows[0][1].at(threads)
-        if chunk_elems >= rows[-1][0]:
-            return rows[-1][1].at(threads)
-        i = bisect.bisect_right([c for c, _ in rows], chunk_elems)
-        (c0, r0), (c1, r1) = rows[i - 1], rows[i]
-        w = (math.log(chunk_elems) - math.log(c0)) / (math.log(c1) - math.log(c0))
-        return (1 - w) * r0.at(threads) + w * r1.at(threads)
+        curves = dict(self.cast_chunk)
+        return log_between(list(curves), chunk_elems, lambda c: curves[c].at(threads))
 
     def adam_rate(self, threads: float) -> float:
         return self.adam_params_per_s.at(threads)
@@ -248,14 +247,8 @@ def _gpu(t: Table) -> GpuSpec:
 def _pcie(t: Table) -> PcieSpec:
     keys = ["h2d_gbps", "d2h_gbps", "duplex_gbps", "all_h2d_gbps", "all_d2h_gbps", "all_total_gbps"]
     vals = [t.num(k) * GB for k in keys]
-    chunks, rows = [], t.raw("chunk_gbps", [])
-    if not isinstance(rows, list):
-        raise SpecError(t.where, "pcie.chunk_gbps", f"a list of [chunk_mib, h2d, d2h], got {rows!r}")
-    for r in rows:
-        if not (isinstance(r, list) and len(r) == 3
-                and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in r)):
-            raise SpecError(t.where, "pcie.chunk_gbps", f"[chunk_mib, h2d, d2h] positive numbers, got {r!r}")
-        chunks.append((r[0] * MIB, r[1] * GB, r[2] * GB))
+    chunks = [(r[0] * MIB, r[1] * GB, r[2] * GB) for r in _triples(
+        t.raw("chunk_gbps", []), t.where, "pcie.chunk_gbps", "[chunk_mib, h2d, d2h]")]
     if any(b[0] <= a[0] for a, b in zip(chunks, chunks[1:], strict=False)):
         raise SpecError(t.where, "pcie.chunk_gbps", "chunk_mib strictly increasing")
     src = _sources(t, keys + (["chunk_gbps"] if chunks else []))
@@ -280,19 +273,24 @@ def _host(t: Table) -> HostSpec:
     return h
 
 
-def _cast_chunks(rows, where: str, source: str) -> tuple[tuple[float, RateCurve], ...]:
-    """host.cast_chunk_gelem_per_s rows -> ((chunk elements, elem/s against threads), ...)."""
-    name = "host.cast_chunk_gelem_per_s"
+def _triples(rows, where: str, name: str, shape: str) -> list[list]:
+    """A table of rows of three positive finite numbers (`shape` names them), else SpecError."""
     if not isinstance(rows, list):
-        raise SpecError(where, name, f"a list of [chunk_mib, threads, gelem_per_s], got {rows!r}")
-    by_chunk: dict[float, list[list]] = {}
-    last = 0.0
+        raise SpecError(where, name, f"a list of {shape}, got {rows!r}")
     for r in rows:
         if not (isinstance(r, list) and len(r) == 3
                 and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                         and v > 0 for v in r)):
-            raise SpecError(where, name,
-                            f"[chunk_mib, threads, gelem_per_s] positive numbers, got {r!r}")
+            raise SpecError(where, name, f"{shape} positive numbers, got {r!r}")
+    return rows
+
+
+def _cast_chunks(rows, where: str, source: str) -> tuple[tuple[float, RateCurve], ...]:
+    """host.cast_chunk_gelem_per_s rows -> ((chunk elements, elem/s against threads), ...)."""
+    name = "host.cast_chunk_gelem_per_s"
+    by_chunk: dict[float, list[list]] = {}
+    last = 0.0
+    for r in _triples(rows, where, name, "[chunk_mib, threads, gelem_per_s]"):
         if r[0] < last:
             raise SpecError(where, name, f"rows ordered by chunk_mib, got {r[0]} after {last}")
         last = r[0]
