@@ -34,8 +34,7 @@ import torch
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
 from slidedp.profile.timing import wall_median_s
-
-FP32 = 4
+from slidedp.spec.model import FP32
 
 
 @contextmanager
@@ -83,7 +82,6 @@ class HostBench:
         return self.elems / self._median_s(step, threads)
 
 
-BF16 = 2
 MAX_CHUNK_REPEATS = 64
 
 

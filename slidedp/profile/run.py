@@ -20,7 +20,7 @@ from tqdm import tqdm
 from slidedp.profile import compute, fabric, host, pcie
 from slidedp.profile.machine import Machine
 from slidedp.profile.sizes import MIB, Sizes
-from slidedp.spec.model import ACTIVATION_POLICIES, ModelSpec
+from slidedp.spec.model import ACTIVATION_POLICIES, BF16, FP32, ModelSpec
 from slidedp.spec.plan import Plan
 
 SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the longest under load
@@ -132,15 +132,15 @@ class Profiler:
         pin = self.m.gpu_count > 0
 
         def alloc():
-            self._cast = host.CastChunkBench([c // host.BF16 for c in chunks], r.host_bytes,
+            self._cast = host.CastChunkBench([c // BF16 for c in chunks], r.host_bytes,
                                              Plan().staging_chunks, pin, s.warmup, s.repeats)
-            r.cast_chunk_src_bytes = self._cast.src_elems * host.FP32
+            r.cast_chunk_src_bytes = self._cast.src_elems * FP32
             r.cast_chunk_slots, r.cast_chunk_pinned = self._cast.slots, self._cast.pinned
-            r.cast_chunk_repeats = {c: self._cast.repeats_for(c // host.BF16) for c in chunks}
+            r.cast_chunk_repeats = {c: self._cast.repeats_for(c // BF16) for c in chunks}
 
         def measure(n: int):
             for c in chunks:
-                r.cast_chunk_elems_per_s[(c, n)] = self._cast.elems_per_s(c // host.BF16, n)
+                r.cast_chunk_elems_per_s[(c, n)] = self._cast.elems_per_s(c // BF16, n)
 
         steps = [Step("allocate the cast source and " + ("pinned " if pin else "")
                       + "staging ring", alloc)]

@@ -36,6 +36,7 @@ from types import MappingProxyType
 
 from slidedp.spec.curves import RateCurve
 from slidedp.spec.errors import SpecError
+from slidedp.spec.model import BF16
 from slidedp.spec.tomlio import Table, read_toml
 
 GB = 1e9
@@ -131,7 +132,6 @@ class PcieSpec:
     chunk_bps: tuple[tuple[float, float, float], ...] = ()  # (chunk bytes, h2d, d2h), by chunk
 
 
-BF16 = 2  # bytes per element of a cast chunk on the wire (cast_chunk_gelem_per_s's chunk_mib)
 
 
 @dataclass(frozen=True)
