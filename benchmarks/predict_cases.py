@@ -12,37 +12,27 @@ Prints a markdown table. (Measured rows are better kept as validation cases:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from pathlib import Path
 
 from slidedp.model.predict import predict
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import load_hardware
-from slidedp.spec.model import load_model
-from slidedp.spec.plan import parse_plan
-from slidedp.spec.workload import Workload
-from slidedp.validate.cases import parse_case_spec
+from slidedp.validate.cases import Case, parse_case_spec
+from slidedp.validate.importer import multi_gpu_rows
 
 
-def _items(items: list[str]) -> list[tuple[int, str, int, int, object, float | None]]:
-    """(ranks, case, global batch, micro-batch, plan, measured step s or None) per case."""
+def _items(items: list[str], model: str, seq: int) -> list[tuple[Case, float | None]]:
+    """(case, measured step s or None) per item; R@CASE items on `model` at `seq`."""
     out = []
     for item in items:
         if "@" in item:
-            r, case = item.split("@", 1)
-            gb, mb, plan = parse_case_spec(case)
-            out.append((int(r), case, gb, mb, plan, None))
-            continue
-        with open(item) as f:
-            for line in f:
-                d = json.loads(line)
-                if "step_s" not in d:
-                    continue
-                plan = (parse_plan({"plan": d["plan"]}, item) if "plan" in d
-                        else parse_case_spec(d["case"])[2])
-                out.append((d["ranks"], d["case"], d["global_batch"], d["micro_batch"], plan,
-                            d["step_s"]))
+            r, spec = item.split("@", 1)
+            gb, mb, plan = parse_case_spec(spec)
+            out.append((Case(spec, model, seq, int(r), gb, mb, plan), None))
+        else:  # the rows slidedp validate --import-results reads, as it reads them
+            out += [(c, m["step_time_s"]) for c, m in multi_gpu_rows(Path(item))]
     return out
 
 
@@ -53,16 +43,17 @@ def main() -> int:
     ap.add_argument("items", nargs="+")
     ap.add_argument("--seq", type=int, default=4096)
     a = ap.parse_args()
-    hw, spec = load_hardware(a.hardware), load_model(a.model)
+    hw = load_hardware(a.hardware)
     print(f"hardware {hw.name}, model {a.model}, sequence {a.seq}")
     print("| R | case | measured s | analytic s | simulated s | tokens/s (sim) | bound by (sim) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r, case, gb, mb, plan, measured in _items(a.items):
+    for case, measured in _items(a.items, a.model, a.seq):
+        r, plan = case.gpus, case.plan
         try:
-            wl = Workload(spec, a.seq, gb, mb, r)
+            wl = case.workload()
             an = predict(hw, wl, plan).step_time_s
         except (InfeasiblePlan, SpecError) as e:
-            print(f"| {r} | {case} | - | {e} | | | |")
+            print(f"| {r} | {case.name} | - | {e} | | | |")
             continue
         sim = simulate(hw, wl, plan)
         s = sim.step_time_s
@@ -73,7 +64,7 @@ def main() -> int:
             return "" if measured is None else f" ({100 * (x - measured) / measured:+.0f}%)"
 
         m = "-" if measured is None else f"{measured:.2f}"
-        print(f"| {r} | {case} | {m} | {an:.2f}{err(an)} | {s:.2f}{err(s)} | "
+        print(f"| {r} | {case.name} | {m} | {an:.2f}{err(an)} | {s:.2f}{err(s)} | "
               f"{wl.tokens_per_step / s:,.0f} | {bound} |")
     return 0
 

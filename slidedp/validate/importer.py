@@ -49,7 +49,7 @@ def case_name(prefix: str, c: Case) -> str:
     return name
 
 
-def _multi_gpu(path: Path) -> list[tuple[Case, dict]]:
+def multi_gpu_rows(path: Path) -> list[tuple[Case, dict]]:
     """(case, measured figures) of each measured row of a benchmarks/multi_gpu.py JSONL."""
     out = []
     for line in path.read_text().splitlines():
@@ -59,7 +59,8 @@ def _multi_gpu(path: Path) -> list[tuple[Case, dict]]:
         plan = (parse_plan({"plan": d["plan"]}, f"{path}: case {d['case']}") if "plan" in d else
                 Plan(param_route=ParamRoute(d["param_route"]), grad_route=GradRoute(d["grad_route"]),
                      update_sharding=UpdateSharding(d["update_sharding"])))
-        case = Case("", d["model"], d["seq"], d["ranks"], d["global_batch"], d["micro_batch"], plan)
+        case = Case(d["case"], d["model"], d["seq"], d["ranks"], d["global_batch"],
+                    d["micro_batch"], plan)
         scope = "last step" + (", rank 0's tasks only (benchmarks/multi_gpu.py)" if d["ranks"] > 1 else "")
         out.append((case, {
             "date": d["date"], "gpu": d["gpu"], "torch": None,
@@ -112,7 +113,7 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
         src.done()
         if not results.is_file():
             raise SpecError(where, f"{src.prefix}.results", f"an existing file, got {results}")
-        rows = _multi_gpu(results) if fmt == "multi_gpu" else _single_gpu(results)
+        rows = multi_gpu_rows(results) if fmt == "multi_gpu" else _single_gpu(results)
         for case, figures in rows:
             case = Case(case_name(prefix, case), *[getattr(case, k) for k in (
                 "model", "seq", "gpus", "global_batch", "micro_batch", "plan")])
