@@ -5,7 +5,7 @@ auto_plan(hardware, workload, cap_bytes) -> (Plan, PolicyReport), method.md sect
 simulator ranking in seconds and real probes spent only on confirming the finalists:
   1-2  routes.rank: route x chunk x update-sharding x window candidates, analytic pre-filter,
        simulated ranking.
-       Finalists: the best route for each window size, and the runner-up.
+       Finalists: the best route for each window size and for each chunk size.
   3-4  activations.shortlist + marginal_costs: model-costed policies (only those `runs_policy`
        accepts, e.g. the ones the executor runs, when given), tau_j by simulation, or measured
        in a reduced real pipeline by `calibrate` (policy/probe.py) where the executor runs j.

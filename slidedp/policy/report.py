@@ -1,7 +1,7 @@
 """What AutoPolicy chose and why (policy/auto.py fills it, `slidedp plan` and `train --plan auto`
-print it): the route ranking, the finalists (the best route per window size, each with its own
-activation MILP), what each choice saved, which resource is exposed, whether real probes
-confirmed the choice, and how long selection took."""
+print it): the route ranking, the finalists (the best route per window size and per chunk size,
+each with its own activation MILP), what each choice saved, which resource is exposed, whether
+real probes confirmed the choice, and how long selection took (by stage)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from slidedp.policy.routes import Scored
 from slidedp.spec.plan import Plan
 
 GIB = 2**30
+
+
+def _route(p: Plan) -> str:
+    """params/grads/update/chunk of a plan's route, as the report names it."""
+    return f"{p.param_route}/{p.grad_route}/{p.update_sharding}/{p.h2d_chunk_mib:g} MiB"
 
 
 @dataclass
@@ -65,9 +70,7 @@ class Finalist:
         return self.route.best_s - self.activations.saving_s
 
     def label(self) -> str:
-        p = self.route.plan
-        return (f"window {p.window_slots}, {p.param_route}/{p.grad_route}/{p.update_sharding}/"
-                f"{p.h2d_chunk_mib:g} MiB")
+        return f"window {self.route.plan.window_slots}, {_route(self.route.plan)}"
 
 
 @dataclass
@@ -115,11 +118,10 @@ class PolicyReport:
             out.append(f"  saves {self.default_route_s - c.route.simulated_s:+.4g} s/step against "
                        f"the default plan ({self.default_route_s:.4g} s, simulated)")
         for s in self.routes[1:4]:
-            q = s.plan
-            out.append(f"  next: {q.param_route}/{q.grad_route}/{q.update_sharding}/"
-                       f"{q.h2d_chunk_mib:g} MiB/window {q.window_slots}  {s.best_s:.4g} s/step")
+            out.append(f"  next: {_route(s.plan)}/window {s.plan.window_slots}  "
+                       f"{s.best_s:.4g} s/step")
         measured = self.probe_device is not None
-        out.append("finalists (best route per window; step = route "
+        out.append("finalists (best route per window and per chunk size; step = route "
                    + ("measured" if measured else "simulated") + " - activation saving):")
         for f in self.finalists:
             seen = f" measured {f.route.measured_s:.4g} s," if f.route.measured_s is not None else ""
