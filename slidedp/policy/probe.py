@@ -34,7 +34,7 @@ import torch
 from slidedp.exec.engine import Engine
 from slidedp.exec.host_state import HostState
 from slidedp.spec.errors import SpecError
-from slidedp.spec.model import ModelSpec, load_model, parse_hf_config
+from slidedp.spec.model import ModelSpec, first_layers_config, load_model, parse_hf_config
 from slidedp.spec.plan import ParamRoute, Plan
 from slidedp.spec.workload import Workload
 from slidedp.validate.runner import OPTIMIZER, measure, random_host_state
@@ -68,10 +68,8 @@ def runs_policy(name: str, device: str) -> bool:
 
 def reduced_model(model: ModelSpec, n_layers: int) -> ModelSpec:
     """`model` with only its first `n_layers` decoder layers (same shapes)."""
-    cfg = dict(model.config) | {"num_hidden_layers": n_layers}
-    if isinstance(cfg.get("layer_types"), list):
-        cfg["layer_types"] = cfg["layer_types"][:n_layers]
-    spec = parse_hf_config(cfg, f"{model.source or model.name} cut to {n_layers} layers")
+    spec = parse_hf_config(first_layers_config(model.config, n_layers),
+                           f"{model.source or model.name} cut to {n_layers} layers")
     return dataclasses.replace(spec, name=f"{model.name}[:{n_layers}]")
 
 

@@ -31,7 +31,7 @@ import torch
 
 from slidedp.exec.layer_runner import hf_config
 from slidedp.profile.timing import cuda_median_s
-from slidedp.spec.model import ModelSpec
+from slidedp.spec.model import ModelSpec, first_layers_config
 
 MATMUL_N = 8192
 
@@ -63,11 +63,7 @@ class LayerTiming:
 def one_layer_config(spec: ModelSpec):
     """The model's transformers config cut to one layer; a SpecError if the executor can't run it."""
     hf_config(dict(spec.config))  # the executor's checks, on every layer of the model
-    cfg = dict(spec.config)
-    cfg["num_hidden_layers"] = 1
-    if isinstance(cfg.get("layer_types"), list):
-        cfg["layer_types"] = cfg["layer_types"][:1]
-    return hf_config(cfg)
+    return hf_config(first_layers_config(spec.config, 1))
 
 
 def build_layer(spec: ModelSpec, device: torch.device):

@@ -292,6 +292,14 @@ def _bool(cfg: dict, key: str, where: str, default: bool) -> bool:
     return v
 
 
+def first_layers_config(cfg: dict, n_layers: int) -> dict:
+    """A config.json dict cut to its first `n_layers` decoder layers (per-layer lists cut too)."""
+    out = dict(cfg) | {"num_hidden_layers": n_layers}
+    if isinstance(out.get("layer_types"), list):
+        out["layer_types"] = out["layer_types"][:n_layers]
+    return out
+
+
 def parse_hf_config(cfg: dict, where: str) -> ModelSpec:
     """A ModelSpec from the contents of a Hugging Face config.json; `where` names the file."""
     if not isinstance(cfg, dict):
