@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What the 2026-11-30 sessions left unmeasured, as device calls that each fit the 10-minute limit
 # (run from the repository root on the device, PYTHONPATH set as the device README says):
-#   bash benchmarks/next_gpu_session.sh threads OUT   # nvidia-h200-x2: the fixed per-agent OpenMP
-#                                                      #   teams (engine.own_omp_team) against the
-#                                                      #   split the earlier runs really had
+#   bash benchmarks/next_gpu_session.sh x2 OUT        # nvidia-h200-x2: profile, Qwen3-8B R=1 and R=2
+#                                                      #   in one call, with the fixed per-agent
+#                                                      #   OpenMP teams (engine.own_omp_team) against
+#                                                      #   the split the earlier runs really had
 #   bash benchmarks/next_gpu_session.sh 14b OUT       # nvidia-h200-x2: Qwen3-14B R=1 and R=2 (issue 5)
 #   bash benchmarks/next_gpu_session.sh loss OUT      # any H200: 200-step BF16 loss vs resident
 #   bash benchmarks/next_gpu_session.sh h200 OUT      # nvidia-h200: profile v3 + the 4B cases again
@@ -15,17 +16,23 @@ OUT=$2
 mkdir -p "$OUT"
 G="sharded:gpu:rank0"
 case "$what" in
-threads)  # default split (cast = cores/4, now real) vs what ran before (both at the update's size)
-    python3 benchmarks/multi_gpu.py "$OUT/threads-8b-r1.jsonl" qwen3-8b \
-        "4:4:$G:window_slots=36" "4:4:$G:window_slots=36:cast_threads=24:update_threads=24" \
-        "4:4:$G:window_slots=36:cast_threads=16:update_threads=16" "4:4:$G" \
-        "4:4:$G:cast_threads=24:update_threads=24" --iters 10 --discard 4 ;;
-14b)
-    python3 benchmarks/multi_gpu.py "$OUT/14b-r1.jsonl" qwen3-14b ref:4 "4:4:$G:window_slots=40" \
-        "8:4:$G:window_slots=40" --iters 6 --discard 2
+x2)  # nvidia-h200-x2, one call: profile, Qwen3-8B R = 1 (reference, thread splits, weak/strong
+    # scaling points) and R = 2 (the same global batches): scaling ratios from one run
+    python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
+        --model qwen3-8b --micro-batch 1 4 8 --quick --name h200x2-profile-v4
+    python3 benchmarks/multi_gpu.py "$OUT/8b-r1.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
+        "4:4:$G:window_slots=36:cast_threads=24:update_threads=24" \
+        "4:4:$G:window_slots=36:cast_threads=16:update_threads=16" \
+        "8:4:$G:window_slots=36" "16:4:$G:window_slots=36" --iters 6 --discard 3
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
-        "$OUT/14b-r2.jsonl" qwen3-14b "8:4:$G:window_slots=40" "16:4:$G:window_slots=40" \
-        --iters 6 --discard 2 ;;
+        "$OUT/8b-r2.jsonl" qwen3-8b "16:4:$G:window_slots=36" "8:4:$G:window_slots=36" \
+        --iters 6 --discard 3 ;;
+14b)  # nvidia-h200-x2, one call: Qwen3-14B R = 1 and R = 2 (issue 5): weak = R1 8:4 vs R2 16:4,
+    # strong = R1 16:4 vs R2 16:4
+    python3 benchmarks/multi_gpu.py "$OUT/14b-r1.jsonl" qwen3-14b ref:4 "8:4:$G:window_slots=40" \
+        "16:4:$G:window_slots=40" --iters 5 --discard 2
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
+        "$OUT/14b-r2.jsonl" qwen3-14b "16:4:$G:window_slots=40" --iters 5 --discard 2 ;;
 loss)
     python3 benchmarks/loss_vs_resident.py "$OUT/loss-vs-resident.json" --model qwen3-0.6b \
         --steps 200 --seq 1024 --micro-batch 2 --accum 2 ;;
@@ -35,6 +42,6 @@ h200)
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b.jsonl" qwen3-4b ref:6 ref:8 \
         "4:4:$G:window_slots=36" "6:6:$G" "8:8:$G" "16:8:$G:window_slots=36" --iters 8 --discard 3 ;;
 *)
-    echo "usage: $0 threads|14b|loss|h200 OUT" >&2
+    echo "usage: $0 x2|14b|loss|h200 OUT" >&2
     exit 2 ;;
 esac
