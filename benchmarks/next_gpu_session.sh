@@ -16,13 +16,12 @@ OUT=$2
 mkdir -p "$OUT"
 G="sharded:gpu:rank0"
 case "$what" in
-x2)  # nvidia-h200-x2, one call: profile, Qwen3-8B R = 1 (reference, thread splits, weak/strong
-    # scaling points) and R = 2 (the same global batches): scaling ratios from one run
+x2)  # nvidia-h200-x2, one call: profile, Qwen3-8B R = 1 (reference, weak/strong scaling points)
+    # and R = 2 (the same global batches): scaling ratios from one run. The 16:21 call of
+    # 2026-11-30 also ran the thread splits (cast_threads / update_threads plan fields).
     python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
-        --model qwen3-8b --micro-batch 1 4 8 --quick --name h200x2-profile-v4
+        --model qwen3-8b --micro-batch 1 4 8 --quick --name "h200x2-profile-$(date +%H%M)"
     python3 benchmarks/multi_gpu.py "$OUT/8b-r1.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
-        "4:4:$G:window_slots=36:cast_threads=24:update_threads=24" \
-        "4:4:$G:window_slots=36:cast_threads=16:update_threads=16" \
         "8:4:$G:window_slots=36" "16:4:$G:window_slots=36" --iters 6 --discard 3
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
         "$OUT/8b-r2.jsonl" qwen3-8b "16:4:$G:window_slots=36" "8:4:$G:window_slots=36" \

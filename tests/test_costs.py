@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from slidedp.graph import build_graph
-from slidedp.graph.costs import core_share_of, resource_use, task_durations
+from slidedp.graph.build import team_share
+from slidedp.graph.costs import resource_use, task_core_share, task_durations
 from slidedp.graph.tasks import Kind
 from slidedp.model.predict import predict
 from slidedp.sim.resources import task_flows_spec
@@ -61,7 +62,7 @@ def test_cast_rate_interpolates_in_log_chunk_size(hw_chunks):
 def test_cast_durations_use_the_chunk_rate_when_present(hw_chunks, chunk_mib):
     wl, g = _graph(chunk_mib)
     d, idx = task_durations(g, hw_chunks, wl), _casts(g)
-    share = core_share_of(g)
+    share = task_core_share(g)[idx[0]]
     for v in idx:
         elems, t = g.work[v], g.threads[v]
         assert d[v] == pytest.approx(elems / (hw_chunks.host.cast_rate(t, elems) * share))
@@ -80,7 +81,7 @@ def test_cast_durations_use_the_thread_curve_without_the_table():
     assert hw.host.cast_chunk == ()
     wl, g = _graph()
     d, idx = task_durations(g, hw, wl), _casts(g)
-    share = core_share_of(g)
+    share = task_core_share(g)[idx]
     want = g.work[idx] / (np.array([hw.host.cast_elems_per_s.at(t) for t in g.threads[idx]])
                           * share)
     assert d[idx] == pytest.approx(want)
@@ -102,3 +103,24 @@ def test_predict_runs_with_the_chunk_table(hw_chunks):
     base = predict(load_hardware("h200x2"), wl, default_plan("nvswitch"))
     slower = predict(hw_chunks, wl, default_plan("nvswitch"))  # its 64 MiB chunks cast slower
     assert slower.step_time_s >= base.step_time_s * (1 - 1e-9)
+
+
+def test_team_share_reserves_a_quarter_of_the_cores():
+    assert team_share(24, 32) == 1.0 and team_share(12, 16) == 1.0
+    assert team_share(32, 32) == pytest.approx(24 / 32)
+    assert team_share(0, 32) == 1.0
+    assert Plan().threads(32) == (24, 24) and Plan().threads(16) == (12, 12)
+    assert Plan(cast_threads=8).threads(32) == (8, 24) and Plan().threads(1) == (1, 1)
+
+
+def test_oversized_teams_slow_only_their_own_tasks(hw_chunks):
+    wl = Workload(load_model("qwen3-0.6b"), seq_len=512, micro_batch=1, global_batch=1, gpus=1)
+    base = build_graph(wl, Plan(cast_threads=8, update_threads=12), 16, iterations=1)
+    big = build_graph(wl, Plan(cast_threads=8, update_threads=24), 16, iterations=1)
+    s_base, s_big = task_core_share(base), task_core_share(big)
+    cast, adam = base.kind == int(Kind.CAST), base.kind == int(Kind.ADAM)
+    assert (s_base == 1).all() and (s_big[cast] == 1).all()
+    assert s_big[adam] == pytest.approx(12 / 24)
+    d = task_durations(big, hw_chunks, wl)
+    rates = np.array([hw_chunks.host.adam_rate(t) for t in big.threads[adam]])
+    assert d[adam] == pytest.approx(big.work[adam] / (rates * 12 / 24))

@@ -95,9 +95,18 @@ def test_import_writes_the_stored_cases(tmp_path):
     assert main(["validate", "--import-results", str(out / "imports.toml"), "--out", str(out)]) == 0
     names = [f.name for f in store.stored_cases(out)]
     # 3 + 8 measured rows of the morning 8B runs, 6 of the morning 4B run; 6 of the afternoon
-    # 4B run, 6 + 9 of the afternoon 8B runs (plan overrides: window, threads)
-    assert len(names) == 38
+    # 4B run, 6 + 9 of the afternoon 8B runs (plan overrides: window, threads), 5 + 2 of the
+    # 16:21 8B call
+    assert len(names) == 45
     assert "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32" in names
+    # ran_threads: the folder keeps the requested plan's name, the stored plan what ran
+    raced = out / "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32"
+    plan = store.read_case(raced).plan
+    assert (plan.cast_threads, plan.update_threads) == (32, 32)
+    assert "cast 32 + update 32 threads (the plan asked for 16 + 32)" in json.loads(
+        (raced / store.MEASURED).read_text())["notes"][-1]
+    plan = store.read_case(out / "h200x2-1621-qwen3-8b-r1-gb8-mb4-sharded-gpu-rank0-w36").plan
+    assert (plan.cast_threads, plan.update_threads) == (8, 24)
     assert "h200x2-qwen3-8b-r2-gb8-mb4-sharded-gpu-sharded" in names
     assert "h200-qwen3-4b-r1-gb4-mb4-sharded-gpu-rank0-bf16copy" in names
     case = out / "h200x2-qwen3-8b-r2-gb8-mb4-replicated-cpu-rank0"
@@ -114,7 +123,7 @@ def test_import_writes_the_stored_cases(tmp_path):
     assert four_b["hardware"]["preset"] == "h200x1"
     summary = (out / store.SUMMARY_MD).read_text()
     assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
-    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 39
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 46
 
 
 def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):

@@ -58,27 +58,26 @@ GRAD_D2H_BYTES = 4  # widened to FP32 on the GPU before D2H, so the CPU update r
 _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 
-def core_share(cast_threads: float, update_threads: float, cores: float) -> float:
-    """Fraction of its threads' cores each CPU team holds: min(1, cores / (cast + update threads)).
+def team_share(team_threads: float, cores: float) -> float:
+    """Fraction of its threads' speed an OpenMP team of `team_threads` keeps on a host of `cores`:
+    min(1, usable / team_threads), usable = cores - cores // 4.
 
     The executor gives every CPU agent its own OpenMP team for the whole run (the cast agent
-    cast_threads, each update worker update_threads / workers; engine._cpu_threads). When the
-    teams add up to more threads than the host has cores, the OS time-slices them: a team gets
-    cores x (its threads / all teams' threads), and since an OpenMP op splits its work statically
-    into one part per thread, the team runs at its own rate curve times that fraction (not at the
-    rate of a smaller team). Measured on nvidia-h200-x2 (32 cores, validation case ...-t16-32:
-    cast 16 + update 32 threads): the update channel took 2.45 s against 1.75 s at the 32-thread
-    Adam rate (x1.40) and the upload channel 0.98 s against 0.64 s at the 16-thread cast rate
-    (x1.53), both about 48 / 32 = 1.5, although with the whole model resident and the step join
-    the cast (forward) and the update (backward) do not run at the same time: the share is held
-    by the teams, not by their running ops, so it is applied to every CAST / ADAM / HOST_SUM.
-    Caveat (found later the same day): the executor then gave every CPU agent the team size the
-    last agent set (a torch threading race, fixed by engine.own_omp_team), so that case ran two
-    32-thread teams and every default-split run two teams of the update's size. The rule's
-    evidence is confounded; re-measure the thread splits with the fixed executor.
+    cast_threads, each update worker update_threads / workers; engine._cpu_threads). An OpenMP op
+    splits its work statically into one part per thread, so a team that needs more cores than the
+    ones left after the agents' own threads (the GPU agents' Python threads, the notifier, the
+    communicator: a quarter of the cores is reserved for them) waits on its preempted threads and
+    runs at this fraction of its own rate curve. Teams of different agents that run at the same
+    time share the cores in the simulator (host.cores), not here. Measured on nvidia-h200-x2 (32
+    cores, Qwen3-8B mb 4, window 36, one device call, validation cases h200x2-1621-*): cast 24 +
+    update 24 threads 2.67 s, 16 + 16 2.92 s, 8 + 24 3.11 s (teams within 24 cores: share 1; the
+    8-thread cast is slow on its own curve); two 32-thread teams (the t16-32 case of 14:25, which
+    ran 32 + 32) took the update x1.40 and the cast x1.53 longer than their 32-thread rates, this
+    rule says x1.33. Teams beyond the cores do not slow each other while only one of them runs
+    (with window = L the cast runs in the forward and the update in the backward).
     """
-    teams = cast_threads + update_threads
-    return min(1.0, cores / teams) if teams > 0 and cores > 0 else 1.0
+    usable = max(1.0, cores - cores // 4)
+    return min(1.0, usable / team_threads) if team_threads > 0 else 1.0
 
 
 def chunk_ranges(lo: int, hi: int, chunk_elems: int) -> list[tuple[int, int]]:
@@ -485,7 +484,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         n_iterations=iterations, n_ranks=R, unit_params=list(units),
         meta={"cast_threads": cast_threads, "update_threads": update_threads,
               "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter,
-              "core_share": core_share(cast_threads, update_threads, cores),
+              "cast_share": team_share(cast_threads, cores),
+              "update_share": team_share(update_threads, cores),
               "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm,
               "adam_writes_copy": plan.host_bf16_copy},
     )

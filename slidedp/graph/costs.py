@@ -10,9 +10,10 @@ Durations are each task alone on its agent at the full rate of its resources (no
   HEAD_LOSS               FLOPs / achieved rate;  EMBED_FWD / EMBED_BWD  bytes / HBM rate
   H2D, ACT_RELOAD         bytes / per-GPU H2D rate;  D2H, ACT_OFFLOAD  bytes / per-GPU D2H rate
   CAST                    elements / (cast rate(threads, chunk) x share);  ADAM  parameters /
-                          (Adam rate(threads) x share), share = g.meta["core_share"]
-                          (build.core_share: the CPU teams' threads beyond the host's cores
-                          time-slice them). The cast rate is the hardware's rate for a chunk of
+                          (Adam rate(threads) x share), share = the task's team's
+                          (task_core_share: build.team_share of the cast team or of the whole
+                          update team: a team larger than the cores left to it waits on its
+                          preempted threads). The cast rate is the hardware's rate for a chunk of
                           the task's elements when it has host.cast_chunk_gelem_per_s (measured
                           by chunk size into a pinned ring, interpolated in log chunk size),
                           else its thread curve (large buffers): HostSpec.cast_rate. With
@@ -72,15 +73,20 @@ def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
     return {k: v * wl.accum_steps for k, v in per_mb.items()}
 
 
-def core_share_of(g: TaskGraph) -> float:
-    """The fraction of its threads' cores a CPU task's team holds (build.core_share; 1 for graphs
-    built without it)."""
-    return float(g.meta.get("core_share", 1.0))
+def task_core_share(g: TaskGraph) -> np.ndarray:
+    """Per task, the fraction of its threads' speed its team keeps (build.team_share): the cast
+    team's for CAST, the update team's for ADAM and HOST_SUM, 1 for the rest and for graphs built
+    without the shares."""
+    share = np.ones(g.n_tasks)
+    share[g.kind == int(Kind.CAST)] = float(g.meta.get("cast_share", 1.0))
+    update = (g.kind == int(Kind.ADAM)) | (g.kind == int(Kind.HOST_SUM))
+    share[update] = float(g.meta.get("update_share", 1.0))
+    return share
 
 
 def held_cores(g: TaskGraph) -> np.ndarray:
-    """Cores each task holds while it runs: its team's threads x core_share (0 for GPU tasks)."""
-    return g.threads * core_share_of(g)
+    """Cores each task holds while it runs: its team's threads x its share (0 for GPU tasks)."""
+    return g.threads * task_core_share(g)
 
 
 def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
@@ -100,18 +106,18 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     d[up] = work[up] / hw.pcie.h2d_bps
     down = sel[Kind.D2H] | sel[Kind.ACT_OFFLOAD]
     d[down] = work[down] / hw.pcie.d2h_bps
-    share = core_share_of(g)
+    share = task_core_share(g)
 
     def cast_s(idx: np.ndarray) -> np.ndarray:  # a cast of each task's elements by its team
         rates = [hw.host.cast_rate(t, e) for t, e in zip(g.threads[idx], work[idx], strict=True)]
-        return work[idx] / (np.array(rates) * share)
+        return work[idx] / (np.array(rates) * share[idx])
 
     idx = np.flatnonzero(sel[Kind.CAST])
     if len(idx):
         d[idx] = cast_s(idx)
     idx = np.flatnonzero(sel[Kind.ADAM])
     if len(idx):
-        rates = np.array([hw.host.adam_rate(t) for t in g.threads[idx]]) * share
+        rates = np.array([hw.host.adam_rate(t) for t in g.threads[idx]]) * share[idx]
         d[idx] = work[idx] / rates
         if g.meta.get("adam_writes_copy"):
             d[idx] += cast_s(idx)

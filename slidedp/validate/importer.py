@@ -13,6 +13,14 @@ A provenance file (TOML; paths relative to it) says where each results file came
     hardware = "../benchmarks/results/2026-11-30-h200x2-profile.toml"   # or a preset name
     hardware_notes = ["..."]      # what to know about that hardware file (optional)
     notes = ["..."]               # what to know about the measurement (optional)
+    ran_threads = {default = [8, 24], "4:4:sharded:gpu:rank0:cast_threads=16" = [24, 24]}
+                                  # (optional) the CPU teams the executor really ran, [cast, update]
+                                  # threads, where they differ from what the plan says today: per
+                                  # case string, `default` for plans without thread fields (the
+                                  # default split of that day, or a threading bug's sizes)
+
+The case folder is named after the plan as requested; the stored plan carries the threads as run,
+so that the predictions model what ran.
 
 Rows without a step time (compute-only references, cut runs) are skipped. No trace was saved by
 those benchmarks: measured.json says so and the predictions leave the simulated trace out.
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from slidedp.spec.errors import SpecError
@@ -93,6 +102,32 @@ def _single_gpu(path: Path) -> list[tuple[Case, dict]]:
     return out
 
 
+def _ran_threads(raw, where: str, field: str) -> dict[str, tuple[int, int]]:
+    if not isinstance(raw, dict):
+        raise SpecError(where, field, "a table of case string -> [cast, update] threads")
+    out = {}
+    for key, pair in raw.items():
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(n, int) and n > 0 for n in pair)):
+            raise SpecError(where, f"{field}.{key}", f"[cast threads, update threads], positive integers, got {pair!r}")
+        out[key] = (pair[0], pair[1])
+    return out
+
+
+def _as_run(case: Case, ran: dict[str, tuple[int, int]]) -> tuple[Plan, list[str]]:
+    """The case's plan with the CPU teams that really ran (ran_threads), and a note saying so."""
+    p = case.plan
+    asked = (p.cast_threads, p.update_threads)
+    key = case.name if case.name in ran else "default" if asked == (0, 0) else None
+    if key not in ran:
+        return p, []
+    cast, update = ran[key]
+    note = (f"CPU teams as they ran: cast {cast} + update {update} threads (the plan asked for "
+            f"{'the default split of the day' if asked == (0, 0) else f'{asked[0]} + {asked[1]}'}); "
+            "the stored plan and the predictions use the threads that ran")
+    return replace(p, cast_threads=cast, update_threads=update), [note]
+
+
 def _path(base: Path, value: str) -> Path:
     return (base / value).resolve()
 
@@ -110,13 +145,15 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
         hw = src.str("hardware")
         hw_arg = str(_path(base, hw)) if hw.endswith(".toml") else hw
         hw_notes, notes = src.raw("hardware_notes", []), src.raw("notes", [])
+        ran = _ran_threads(src.raw("ran_threads", {}), where, f"{src.prefix}.ran_threads")
         src.done()
         if not results.is_file():
             raise SpecError(where, f"{src.prefix}.results", f"an existing file, got {results}")
         rows = multi_gpu_rows(results) if fmt == "multi_gpu" else _single_gpu(results)
         for case, figures in rows:
-            case = Case(case_name(prefix, case), *[getattr(case, k) for k in (
-                "model", "seq", "gpus", "global_batch", "micro_batch", "plan")])
+            plan, ran_notes = _as_run(case, ran)
+            case = Case(case_name(prefix, case), case.model, case.seq, case.gpus,
+                        case.global_batch, case.micro_batch, plan)
             folder = root / case.name
             store.write_case(folder, case, f"imported by slidedp validate --import-results from "
                                            f"{results.name} (measured {figures['date']}, {machine})")
@@ -126,7 +163,7 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
                 "iters": len(figures["all_steps_s"]), "discard": discard,
                 "host_pss_scope": "summed over the rank processes", "trace": None,
                 "source": os.path.relpath(results, folder.resolve()),
-                "notes": [NO_TRACE, *notes]})
+                "notes": [NO_TRACE, *notes, *ran_notes]})
             write_predictions(folder, hw_arg, list(hw_notes))
             folders.append(folder)
     return folders
