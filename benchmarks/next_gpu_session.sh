@@ -6,6 +6,8 @@
 #                                                      #   OpenMP teams (engine.own_omp_team) against
 #                                                      #   the split the earlier runs really had
 #   bash benchmarks/next_gpu_session.sh 14b OUT       # nvidia-h200-x2: Qwen3-14B R=1 and R=2 (issue 5)
+#   bash benchmarks/next_gpu_session.sh 8b-gb32 OUT   # nvidia-h200-x2: Qwen3-8B strong scaling at
+#                                                      #   global batch 32, R=2 routes at 16:4
 #   bash benchmarks/next_gpu_session.sh loss OUT      # any H200: 200-step BF16 loss vs resident
 #   bash benchmarks/next_gpu_session.sh h200 OUT      # nvidia-h200: profile v3 + the 4B cases again
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
@@ -32,6 +34,14 @@ x2)  # nvidia-h200-x2, one call: profile, Qwen3-8B R = 1 (reference, weak/strong
         "16:4:$G:window_slots=40" --iters 5 --discard 2
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
         "$OUT/14b-r2.jsonl" qwen3-14b "16:4:$G:window_slots=40" --iters 5 --discard 2 ;;
+8b-gb32)  # nvidia-h200-x2, one call: strong scaling of Qwen3-8B at global batch 32 (R = 1 and 2)
+    # and the R = 2 routes at 16:4 with the current executor
+    python3 benchmarks/multi_gpu.py "$OUT/8b-gb32-r1.jsonl" qwen3-8b "32:4:$G:window_slots=36" \
+        --iters 5 --discard 2
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
+        "$OUT/8b-gb32-r2.jsonl" qwen3-8b "32:4:$G:window_slots=36" \
+        "16:4:replicated:gpu:rank0:window_slots=36" "16:4:sharded:cpu:rank0:window_slots=36" \
+        "16:4:replicated:cpu:rank0:window_slots=36" --iters 5 --discard 2 ;;
 loss)
     python3 benchmarks/loss_vs_resident.py "$OUT/loss-vs-resident.json" --model qwen3-0.6b \
         --steps 200 --seq 1024 --micro-batch 2 --accum 2 ;;
@@ -41,6 +51,6 @@ h200)
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b.jsonl" qwen3-4b ref:6 ref:8 \
         "4:4:$G:window_slots=36" "6:6:$G" "8:8:$G" "16:8:$G:window_slots=36" --iters 8 --discard 3 ;;
 *)
-    echo "usage: $0 x2|14b|loss|h200 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200 OUT" >&2
     exit 2 ;;
 esac
