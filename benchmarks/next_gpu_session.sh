@@ -22,7 +22,7 @@ x2)  # nvidia-h200-x2, one call: profile, Qwen3-8B R = 1 (reference, weak/strong
     # and R = 2 (the same global batches): scaling ratios from one run. The 16:21 call of
     # 2026-11-30 also ran the thread splits (cast_threads / update_threads plan fields).
     python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
-        --model qwen3-8b --micro-batch 1 4 8 --quick --name "h200x2-profile-$(date +%H%M)"
+        --model qwen3-8b qwen3-14b --micro-batch 1 4 8 --quick --name "h200x2-profile-$(date +%H%M)"
     python3 benchmarks/multi_gpu.py "$OUT/8b-r1.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
         "8:4:$G:window_slots=36" "16:4:$G:window_slots=36" --iters 6 --discard 3
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
