@@ -96,8 +96,8 @@ def test_import_writes_the_stored_cases(tmp_path):
     names = [f.name for f in store.stored_cases(out)]
     # 3 + 8 measured rows of the morning 8B runs, 6 of the morning 4B run; 6 of the afternoon
     # 4B run, 6 + 9 of the afternoon 8B runs (plan overrides: window, threads), 5 + 2 of the
-    # 16:21 8B call
-    assert len(names) == 45
+    # 16:21 8B call, 3 + 2 (16:35 8B), 2 + 1 (16:41 14B), 1 + 4 (16:48 8B)
+    assert len(names) == 58
     assert "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32" in names
     # ran_threads: the folder keeps the requested plan's name, the stored plan what ran
     raced = out / "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32"
@@ -123,7 +123,7 @@ def test_import_writes_the_stored_cases(tmp_path):
     assert four_b["hardware"]["preset"] == "h200x1"
     summary = (out / store.SUMMARY_MD).read_text()
     assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
-    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 46
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 59
 
 
 def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):
