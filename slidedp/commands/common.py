@@ -48,6 +48,10 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g.add_argument("--no-step-join", action="store_true",
                    help="let step t+1 start under the version gates alone, without the executor's "
                    "join of every agent at the step boundary (a what-if: the executor joins)")
+    g.add_argument("--embedding-rows", action="store_true",
+                   help="update the embedding in two parts, every row during the backward and "
+                   "the looked-up rows after it, so that the step boundary carries only those "
+                   "(a what-if: the executor refuses it for now; docs/embedding-rows.md)")
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,8 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "window_slots": args.window_slots, "offload_ratio": args.offload_ratio,
             "update_workers": args.update_workers, "host_bf16_copy": args.host_bf16_copy,
             "defer_update": getattr(args, "defer_update", None),  # train's options lack it
-            "step_join": False if getattr(args, "no_step_join", False) else None}
+            "step_join": False if getattr(args, "no_step_join", False) else None,
+            "embedding_rows": True if getattr(args, "embedding_rows", False) else None}
     try:
         plan = plan.with_overrides(**over)
     except SpecError as e:

@@ -212,6 +212,9 @@ class Engine:
         if not plan.step_join:
             raise SpecError("plan", "step_join", "true: the executor joins every agent at the step "
                             "boundary (see 'Step boundary' above)")
+        if plan.embedding_rows:
+            raise SpecError("plan", "embedding_rows", "false: the executor does not split the "
+                            "embedding's update yet (a simulator what-if; docs/embedding-rows.md)")
         if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
             plan = replace(plan, defer_update=True)
         self.session, self.probe, self.R = session, probe, R

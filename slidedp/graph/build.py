@@ -29,6 +29,21 @@ The schedule, per iteration and per rank r (units: 0 embedding, 1..L layers, L+1
               the next forward, is updated last: the next step waits for the whole update, as the
               executor's step boundary makes it (updating in forward order could overlap the
               next forward only if the executor did not join the step; method.md section 11).
+embedding rows  with plan.embedding_rows (and no defer_update) the embedding's update leaves the
+              step boundary. Bulk: ADAM of every chunk of the embedding with the gradient known
+              before EMBED_BWD, each keeping the looked-up rows' state as it was (their p, m, v
+              saved and restored: work + 2 x the rows' elements): tied, the head's share, through
+              the unit's usual REDUCE / D2H / HOST_SUM path after HEAD_LOSS; untied, a zero
+              gradient, no download, at the step's start. The bulk delivery for the NEXT step
+              (CAST / H2D / ALLGATHER of the embedding, gated by these ADAMs) follows the
+              backward's deliveries and waits for the embedding's readers (EMBED_FWD, and
+              HEAD_LOSS when tied). Rows: EMBED_BWD writes a compact gradient of the looked-up
+              rows (looked_up_rows(wl) x hidden elements; tasks flagged `rows`, ranges in that
+              compact space), which takes the usual gradient path (REDUCE / D2H / HOST_SUM ->
+              ADAM, after every bulk ADAM and every bulk CAST) -> CAST -> H2D to every rank
+              (after its bulk delivery: the rows overwrite their stale bulk copy). The next
+              step's EMBED_FWD waits for its rank's bulk delivery and rows H2Ds instead of a
+              delivery of its own (iteration 0 delivers the embedding at its start).
 Edges: DATA along those arrows; the version gate I3 from ADAM(t, u, k) to the first delivery of
 unit u in t+1 that touches the same parameters; ORDER along each agent's issue order; BUFFER from
 the last readers of a slot / staging chunk / gradient buffer to the next writer; with
@@ -42,6 +57,7 @@ sizes are grad_ring_sizes (with defer_update the rings the ADAMs read hold a who
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -96,17 +112,27 @@ def shard_ranges(n: int, parts: int) -> list[tuple[int, int]]:
 
 def grad_plans(wl: Workload, plan: Plan) -> list[list[tuple[int, int, int]]]:
     """Per unit, its gradient chunks as (update worker, lo, hi): one ADAM each."""
-    R = wl.gpus
+    return [grad_chunks(n, wl.gpus, plan) for n in wl.model.unit_params()]
+
+
+def grad_chunks(n: int, R: int, plan: Plan) -> list[tuple[int, int, int]]:
+    """The gradient chunks (update worker, lo, hi) of n elements: D2H-chunk sized, each update
+    process (R of them when the update is sharded) taking a contiguous share."""
     scatter = plan.update_sharding == UpdateSharding.SHARDED and R > 1
     d2h_chunk = max(1, int(plan.d2h_chunk_mib * MIB) // GRAD_D2H_BYTES)
-    out = []
-    for n in wl.model.unit_params():
-        chunks = []
-        for p, (lo, hi) in enumerate(shard_ranges(n, R) if scatter else [(0, n)]):
-            for k, (a, z) in enumerate(chunk_ranges(lo, hi, d2h_chunk)):
-                chunks.append((p * plan.update_workers + k % plan.update_workers, a, z))
-        out.append(chunks)
-    return out
+    chunks = []
+    for p, (lo, hi) in enumerate(shard_ranges(n, R) if scatter else [(0, n)]):
+        for k, (a, z) in enumerate(chunk_ranges(lo, hi, d2h_chunk)):
+            chunks.append((p * plan.update_workers + k % plan.update_workers, a, z))
+    return chunks
+
+
+def looked_up_rows(wl: Workload) -> int:
+    """Expected distinct embedding rows a global batch looks up, for uniformly random token ids:
+    V (1 - (1 - 1/V)^T), T = tokens of the global batch. Real text repeats tokens more (the rows
+    are fewer), so this is the upper end the embedding-rows tasks are sized by."""
+    v, t = wl.model.vocab_size, wl.global_batch * wl.seq_len
+    return max(1, min(v, t, round(v * -math.expm1(t * math.log1p(-1.0 / v)))))
 
 
 def grad_ring_sizes(wl: Workload, plan: Plan) -> dict[tuple[int, int], int]:
@@ -133,7 +159,8 @@ class _Builder:
 
     def __init__(self):
         self.cols = {k: [] for k in ("kind", "iteration", "unit", "rank", "chunk", "agent",
-                                     "work", "elem_lo", "elem_hi", "threads", "op", "buffer")}
+                                     "work", "elem_lo", "elem_hi", "threads", "op", "buffer",
+                                     "rows")}
         self.es, self.ed, self.ek, self.eg = [], [], [], []
         self.agents: list[str] = []
         self.agent_id: dict[str, int] = {}
@@ -149,9 +176,10 @@ class _Builder:
         return a
 
     def task(self, kind, it, unit, rank, chunk, agent, work, lo=-1, hi=-1, threads=0.0, op=-1,
-             buffer=-1):
+             buffer=-1, rows=False):
         c = self.cols
         c["buffer"].append(buffer)
+        c["rows"].append(rows)
         c["kind"].append(int(kind))
         c["iteration"].append(it)
         c["unit"].append(unit)
@@ -239,6 +267,10 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
 
     up_plans = [upload_plan(u) for u in range(len(units))]
     gr_plans = grad_plans(wl, plan)
+    rows_mode = plan.embedding_rows and not plan.defer_update  # module docstring, "embedding rows"
+    rows_elems = looked_up_rows(wl) * m.hidden if rows_mode else 0
+    rows_gp = grad_chunks(rows_elems, R, plan) if rows_mode else []
+    bulk_extra = 2.0 * rows_elems / units[0] if rows_mode else 0.0  # saved + restored rows
 
     staging = _Ring(plan.staging_chunks)
     ring_sizes = grad_ring_sizes(wl, plan)
@@ -249,13 +281,16 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
     readers: dict[tuple, list[int]] = {}
     prev_adam: dict[int, list[tuple[int, int, int]]] = {}  # unit -> [(task, lo, hi)] of last iteration
 
-    def deliver(t: int, u: int, buf: tuple, slot: int, gated: bool) -> list[list[int]]:
+    def deliver(t: int, u: int, buf: tuple, slot: int, gated: bool,
+                gates: list | None = None) -> list[list[int]]:
         """Upload unit u into GPU buffer `buf` on every rank; per rank, the tasks compute waits on.
 
         Chunks are cast once (shared by every rank that uploads them), round-robin across the
-        ranks' shards so that every rank's first chunk is ready early.
+        ranks' shards so that every rank's first chunk is ready early. The version gates are the
+        previous iteration's ADAMs of u, or `gates` when given.
         """
-        gates = prev_adam.get(u, []) if gated else []
+        if gates is None:
+            gates = prev_adam.get(u, []) if gated else []
         per_rank = up_plans[u]
         order: list[tuple[int, int]] = []  # distinct chunks in cast order
         owners: dict[tuple[int, int], list[int]] = {}
@@ -301,11 +336,13 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             if alo < hi and lo < ahi:
                 b.edge(a, v, EdgeKind.DATA, gate=True)
 
-    def adam(t: int, u: int, k: int, w: int, lo: int, hi: int, src: int, ring: _Ring, i: int):
+    def adam(t: int, u: int, k: int, w: int, lo: int, hi: int, src: int, ring: _Ring, i: int,
+             rows: bool = False, extra: int = 0):
         """ADAM of chunk k of unit u after `src`, its D2H or HOST_SUM, wrote it into slot i of
-        `ring` (the sum stays in HOST_SUM's private accumulator unless the update is deferred)."""
-        a = b.task(Kind.ADAM, t, u, -1, k, update[w], hi - lo, lo, hi, threads=worker_threads,
-                   buffer=i)
+        `ring` (the sum stays in HOST_SUM's private accumulator unless the update is deferred);
+        `extra` elements of work beyond the chunk's (the embedding bulk's saved rows)."""
+        a = b.task(Kind.ADAM, t, u, -1, k, update[w], hi - lo + extra, lo, hi,
+                   threads=worker_threads, buffer=i, rows=rows)
         b.edge(src, a, EdgeKind.DATA)
         if plan.defer_update or b.cols["kind"][src] == Kind.D2H:
             ring.readers[i].append(a)
@@ -319,7 +356,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         for u, chunks in pending.items():
             out[u] = []
             for c in chunks:
-                _, _, w, lo, hi, src, _, _ = c
+                _, _, w, lo, hi, src, _, _ = c[:8]
                 a = adam(t, *c)
                 if w not in workers:  # its first ADAM: the later ones follow it (ORDER)
                     workers.add(w)
@@ -328,16 +365,19 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         pending.clear()
         return out
 
-    def reduce_and_update(t: int, u: int, bwd: list[int], gbuf: tuple | None):
+    def reduce_and_update(t: int, u: int, bwd: list[int], gbuf: tuple | None,
+                          rows: bool = False, extra: float = 0.0):
         """Gradient path of unit u once every rank's backward of it is done: its ADAMs, or none
-        with defer_update (the chunks wait in `pending`)."""
+        with defer_update (the chunks wait in `pending`). rows: the embedding's looked-up rows
+        (compact space); extra: work per element added to each ADAM (the bulk's saved rows)."""
         adams = []
-        gp = gr_plans[u]
-        nbytes = units[u] * GRAD_BYTES
+        gp = rows_gp if rows else gr_plans[u]
+        n = rows_elems if rows else units[u]
+        nbytes = n * GRAD_BYTES
         red = -1
         if R > 1 and plan.grad_route == GradRoute.GPU:
             op = "reduce_scatter" if scatter else "reduce"
-            red = b.task(Kind.REDUCE, t, u, -1, -1, fabric, nbytes, 0, units[u], op=_OP[op])
+            red = b.task(Kind.REDUCE, t, u, -1, -1, fabric, nbytes, 0, n, op=_OP[op], rows=rows)
             b.edges(bwd, red, EdgeKind.DATA)
         grad_readers = {r: [] for r in range(R)}
         if red >= 0:
@@ -351,7 +391,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             downs = []
             for r in src_ranks:
                 i, prev = d2h_rings[(r, w)].take()
-                v = b.task(Kind.D2H, t, u, r, k, d2h[r], (hi - lo) * GRAD_D2H_BYTES, lo, hi, buffer=i)
+                v = b.task(Kind.D2H, t, u, r, k, d2h[r], (hi - lo) * GRAD_D2H_BYTES, lo, hi, buffer=i,
+                           rows=rows)
                 b.edge(red if red >= 0 else bwd[r], v, EdgeKind.DATA)
                 b.edges(prev, v, EdgeKind.BUFFER)
                 grad_readers[r].append(v)
@@ -363,7 +404,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                 # then the sum's squares for the gradient norm (one more read: engine._run_host_sum)
                 src = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
                              (hi - lo) * GRAD_D2H_BYTES * (3 * (len(downs) - 1) + 1), lo, hi,
-                             threads=worker_threads, buffer=i)
+                             threads=worker_threads, buffer=i, rows=rows)
                 for r, v, j in downs:
                     b.edge(v, src, EdgeKind.DATA)
                     d2h_rings[(r, w)].readers[j].append(src)
@@ -371,24 +412,59 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             if plan.defer_update:
                 pending.setdefault(u, []).append(chunk)
             else:
-                adams.append((adam(t, *chunk), lo, hi))
+                adams.append((adam(t, *chunk, rows=rows, extra=round(extra * (hi - lo))), lo, hi))
         if gbuf is not None:
             for r in range(R):
                 readers[gbuf + (r,)] = grad_readers[r]
         return adams
 
+    def zero_grad_updates(t: int, after: list) -> list[tuple[int, int, int]]:
+        """The untied embedding's bulk: ADAMs with a zero gradient (nothing to download), after
+        the previous step's rows update (`after`)."""
+        out = []
+        for k, (w, lo, hi) in enumerate(gr_plans[0]):
+            a = b.task(Kind.ADAM, t, 0, -1, k, update[w], hi - lo + round(bulk_extra * (hi - lo)),
+                       lo, hi, threads=worker_threads)
+            b.edges([x for x, _, _ in after], a, EdgeKind.DATA)
+            out.append((a, lo, hi))
+        return out
+
+    def deliver_rows(t: int, rows_adams: list, bulk_ready: list[list[int]]) -> list[list[int]]:
+        """The looked-up rows to every rank's embedding slot, after the rank's bulk delivery:
+        per rank, the H2Ds the next step's EMBED_FWD waits on (besides the bulk delivery)."""
+        h2ds = [[] for _ in range(R)]
+        for k, (_, lo, hi) in enumerate(rows_gp):
+            i, prev = staging.take()
+            src = b.task(Kind.CAST, t, 0, -1, k, cast, hi - lo, lo, hi, threads=cast_threads,
+                         buffer=i, rows=True)
+            b.edges(prev, src, EdgeKind.BUFFER)
+            _gate(src, lo, hi, rows_adams)
+            for r in range(R):
+                v = b.task(Kind.H2D, t, 0, r, k, h2d[r], (hi - lo) * PARAM_BYTES, lo, hi,
+                           buffer=W, rows=True)
+                b.edge(src, v, EdgeKind.DATA)
+                b.edges(bulk_ready[r], v, EdgeKind.BUFFER)
+                staging.readers[i].append(v)
+                h2ds[r].append(v)
+        return h2ds
+
+    next_emb: list[list[int]] | None = None  # rows mode: per rank, what EMBED_FWD of t+1 waits on
+    rows_prev: list[tuple[int, int, int]] = []  # rows mode: the previous step's rows ADAMs
     for t in range(iterations):
         gated = t > 0
         new_adam: dict[int, list[tuple[int, int, int]]] = {}
         # ---- forward deliveries and compute, interleaved in need order
-        emb_ready = deliver(t, 0, ("embed",), W, gated)
+        emb_ready = next_emb if next_emb is not None else deliver(t, 0, ("embed",), W, gated)
         last = [-1] * R
         act_src = [[-1] * (L + 2) for _ in range(R)]  # compute task producing layer l's input
+        emb_fwd = []
         for r in range(R):
             v = b.task(Kind.EMBED_FWD, t, 0, r, -1, compute[r], tokens * m.hidden * 2)
             b.edges(emb_ready[r], v, EdgeKind.DATA)
             last[r] = v
             act_src[r][1] = v
+            emb_fwd.append(v)
+        bulk = (zero_grad_updates(t, rows_prev) if rows_mode and not m.tie_embeddings else [])
         fwd_tasks = [[-1] * (L + 2) for _ in range(R)]
         offloads = [[-1] * (L + 2) for _ in range(R)]
 
@@ -421,6 +497,10 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             head_tasks.append(v)
             readers[("head", r)] = [v]
         new_adam[head_u] = reduce_and_update(t, head_u, head_tasks, None)
+        if rows_mode and m.tie_embeddings:  # the head's share of every row, after HEAD_LOSS
+            bulk = reduce_and_update(t, 0, head_tasks, None, extra=bulk_extra)
+            for a, _, _ in bulk:
+                b.edges([x for x, _, _ in rows_prev], a, EdgeKind.DATA)
         # ---- backward
         bwd_tasks = [[-1] * (L + 2) for _ in range(R)]
         for layer in range(L, 0, -1):
@@ -459,13 +539,27 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                 readers[("slot", (layer - 1) % W, r)] = [v]
             new_adam[layer] = reduce_and_update(
                 t, layer, [bwd_tasks[r][layer] for r in range(R)], ("grad", layer % plan.grad_buffers))
+        if rows_mode:  # the next step's embedding, after its readers in this step
+            for r in range(R):
+                readers[("embed", r)] = [head_tasks[r] if m.tie_embeddings else emb_fwd[r]]
+            first = b.n
+            next_bulk = deliver(t, 0, ("embed",), W, True, gates=bulk)
+            bulk_casts = [v for v in range(first, b.n) if b.cols["kind"][v] == Kind.CAST]
         emb_bwd = []
         for r in range(R):
             v = b.task(Kind.EMBED_BWD, t, 0, r, -1, compute[r], tokens * m.hidden * 2)
             b.edge(last[r], v, EdgeKind.DATA)
             emb_bwd.append(v)
-            readers[("embed", r)] = [v]
-        new_adam[0] = reduce_and_update(t, 0, emb_bwd, None)
+            if not rows_mode:
+                readers[("embed", r)] = [v]
+        if rows_mode:
+            rows_prev = reduce_and_update(t, 0, emb_bwd, None, rows=True)
+            for a, _, _ in rows_prev:  # the bulk restored the rows' state; it read the master
+                b.edges([x for x, _, _ in bulk] + bulk_casts, a, EdgeKind.DATA)
+            rows_ready = deliver_rows(t, rows_prev, next_bulk)
+            next_emb = [next_bulk[r] + rows_ready[r] for r in range(R)]
+        else:
+            new_adam[0] = reduce_and_update(t, 0, emb_bwd, None)
         prev_adam = deferred_updates(t) if plan.defer_update else new_adam
 
     if plan.step_join:
@@ -482,12 +576,13 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         edge_kind=np.asarray(b.ek, np.int8), edge_gate=np.asarray(b.eg, bool),
         agents=b.agents, agent_tasks=[np.asarray(x, np.int64) for x in b.agent_tasks],
         n_iterations=iterations, n_ranks=R, unit_params=list(units),
+        rows=np.asarray(c["rows"], bool),
         meta={"cast_threads": cast_threads, "update_threads": update_threads,
               "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter,
               "cast_share": team_share(cast_threads, cores),
               "update_share": team_share(update_threads, cores),
               "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm,
-              "adam_writes_copy": plan.host_bf16_copy},
+              "adam_writes_copy": plan.host_bf16_copy, "embedding_rows": rows_elems},
     )
     return g
 

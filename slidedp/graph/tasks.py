@@ -104,6 +104,13 @@ class TaskGraph:
     n_ranks: int
     unit_params: list[int]
     meta: dict = field(default_factory=dict)
+    # bool per task: a task of the embedding's looked-up rows (plan.embedding_rows), whose
+    # elem_lo / elem_hi index the compact rows x hidden buffer, not the embedding (None: none)
+    rows: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.rows is None:
+            self.rows = np.zeros(len(self.kind), bool)
 
     @property
     def n_tasks(self) -> int:
@@ -119,6 +126,8 @@ class TaskGraph:
             parts.append(f"r{self.rank[v]}")
         if self.chunk[v] >= 0:
             parts.append(f"c{self.chunk[v]}")
+        if self.rows[v]:
+            parts.append("rows")
         return ":".join(parts)
 
     def to_networkx(self):

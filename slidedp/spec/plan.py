@@ -24,6 +24,13 @@ yourself to predict or simulate that cost (`--defer-update`), or before a footpr
 (exec/engine.py, "Step boundary"): nothing of step t+1 starts before all of step t is done. False
 leaves only the per-unit version gates (I3) between iterations: what an executor pipelining
 across steps would achieve (`--no-step-join` predicts it; the executor refuses it).
+`embedding_rows` (default false) splits the embedding's update, which otherwise sits on the step
+boundary (its gradient comes last, the next forward needs it first; method.md section 11): every
+row is updated during the backward with the gradient known before EMBED_BWD (the tied head's
+share, or zero when untied) while the rows the batch looked up keep their state, and only those
+rows are updated after EMBED_BWD and re-sent (graph/build.py, "embedding rows"). Ignored with
+defer_update. A what-if for now: the simulator and the analytic model predict it
+(`--embedding-rows`), the executor refuses it (docs/embedding-rows.md: its design).
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class Plan:
     host_bf16_copy: bool = False  # keep a BF16 copy on the host, written by the update (+2 B/param)
     defer_update: bool = False  # every ADAM after every gradient chunk (clipping; +4 B/param host)
     step_join: bool = True  # every task of step t+1 after every task of step t (the executor's)
+    embedding_rows: bool = False  # the embedding's update in two parts (see the module docstring)
 
     def __post_init__(self):
         checks = {

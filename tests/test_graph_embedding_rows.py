@@ -1,0 +1,97 @@
+"""plan.embedding_rows in the task graph: the embedding's update split into a bulk during the
+backward and the looked-up rows after EMBED_BWD (graph/build.py, "embedding rows")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from strategies import small_plans, small_workloads
+
+from slidedp.graph import Kind, build_graph
+from slidedp.graph.build import looked_up_rows
+from slidedp.model.predict import predict
+from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import load_hardware
+from slidedp.spec.model import load_model
+from slidedp.spec.plan import Plan
+from slidedp.spec.workload import Workload
+
+
+def _tiles(g, mask, n):
+    lo, hi = np.sort(g.elem_lo[mask]), np.sort(g.elem_hi[mask])
+    return len(lo) > 0 and lo[0] == 0 and hi[-1] == n and np.all(lo[1:] == hi[:-1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_workloads(), small_plans())
+def test_rows_split_orders_the_embedding_update(wl, plan):
+    plan = replace(plan, embedding_rows=True, defer_update=False)
+    g = build_graph(wl, plan, cores=8, iterations=2)
+    assert np.all(g.edge_src < g.edge_dst)
+    nxg = g.to_networkx()
+    assert nx.is_directed_acyclic_graph(nxg)
+    rows_n = looked_up_rows(wl) * wl.model.hidden
+    assert g.meta["embedding_rows"] == rows_n
+    tied = wl.model.tie_embeddings
+    for t in range(2):
+        it, emb = g.iteration == t, g.unit == 0
+        adam = it & emb & (g.kind == Kind.ADAM)
+        bulk, rows = adam & ~g.rows, adam & g.rows
+        assert _tiles(g, bulk, g.unit_params[0]) and _tiles(g, rows, rows_n)
+        anc = {int(v): nx.ancestors(nxg, int(v)) for v in np.flatnonzero(rows)}
+        for v, before in anc.items():  # the rows update follows every bulk ADAM and bulk CAST
+            assert set(np.flatnonzero(bulk).tolist()) <= before
+            casts = it & emb & (g.kind == Kind.CAST) & ~g.rows & (g.elem_lo >= 0)
+            assert set(np.flatnonzero(casts).tolist()) - set(range(v, g.n_tasks)) <= before
+        bulk_before = set().union(*(nx.ancestors(nxg, int(v)) for v in np.flatnonzero(bulk)))
+        downloads = np.flatnonzero(it & emb & (g.kind == Kind.D2H) & ~g.rows)
+        if tied:  # the head's share comes back after HEAD_LOSS
+            heads = np.flatnonzero(it & (g.kind == Kind.HEAD_LOSS))
+            assert set(heads.tolist()) <= bulk_before and len(downloads) > 0
+        else:  # a zero gradient: nothing comes back for the bulk
+            assert len(downloads) == 0
+    # the next step's EMBED_FWD reads what both parts delivered
+    for v in np.flatnonzero((g.iteration == 1) & (g.kind == Kind.EMBED_FWD)):
+        before = nx.ancestors(nxg, int(v))
+        for kind in (Kind.ADAM, Kind.H2D):
+            parts = np.flatnonzero((g.iteration == 0) & (g.unit == 0) & (g.kind == kind)
+                                   & g.rows)
+            assert set(parts.tolist()) <= before
+
+
+def test_rows_mode_is_ignored_when_the_update_is_deferred():
+    wl = Workload(load_model("qwen3-0.6b"), 256, 2, 1, 1)
+    whole = build_graph(wl, Plan(defer_update=True), 8)
+    split = build_graph(wl, Plan(defer_update=True, embedding_rows=True), 8)
+    assert split.n_tasks == whole.n_tasks and not split.rows.any()
+
+
+def test_looked_up_rows_bounds():
+    model = load_model("qwen3-8b")
+    few = Workload(model, 64, 1, 1, 1)  # 64 tokens of 151,936 ids: nearly all distinct
+    assert looked_up_rows(few) in (63, 64)
+    many = Workload(model, 4096, 256, 4, 1)  # 1M tokens: nearly every id
+    assert model.vocab_size * 0.99 < looked_up_rows(many) <= model.vocab_size
+
+
+@pytest.mark.parametrize("gpus,gb", [(1, 16), (2, 16)])
+def test_rows_shorten_a_gpu_bound_step(gpus, gb):
+    """8B untied on the x2 preset, GPU-bound: the embedding's update leaves the boundary."""
+    hw = load_hardware("h200x2")
+    wl = Workload(load_model("qwen3-8b"), 4096, gb, 4, gpus)
+    whole = predict(hw, wl, Plan(window_slots=36))
+    split = predict(hw, wl, Plan(window_slots=36, embedding_rows=True))
+    assert split.step_time_s < whole.step_time_s - 0.02
+
+
+def test_the_executor_refuses_the_rows_split():
+    from slidedp.exec.adamw import AdamWConfig
+    from slidedp.exec.engine import Engine
+    cfg = dict(load_model("tiny-qwen3").config)
+    wl = Workload(load_model("tiny-qwen3"), 8, 1, 1, 1)
+    with pytest.raises(SpecError, match="embedding_rows"):
+        Engine(cfg, wl, Plan(embedding_rows=True), optimizer=AdamWConfig(lr=1e-3))
