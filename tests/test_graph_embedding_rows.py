@@ -9,10 +9,11 @@ import networkx as nx
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from strategies import small_plans, small_workloads
 
 from slidedp.graph import Kind, build_graph
-from slidedp.graph.build import looked_up_rows
+from slidedp.graph.build import looked_up_rows, row_capacity
 from slidedp.model.predict import predict
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import load_hardware
@@ -27,15 +28,18 @@ def _tiles(g, mask, n):
 
 
 @settings(max_examples=40, deadline=None)
-@given(small_workloads(), small_plans())
-def test_rows_split_orders_the_embedding_update(wl, plan):
-    plan = replace(plan, embedding_rows=True, defer_update=False)
+@given(small_workloads(), small_plans(), st.booleans())
+def test_rows_split_orders_the_embedding_update(wl, plan, join):
+    plan = replace(plan, embedding_rows=True, defer_update=False, step_join=join)
     g = build_graph(wl, plan, cores=8, iterations=2)
     assert np.all(g.edge_src < g.edge_dst)
     nxg = g.to_networkx()
     assert nx.is_directed_acyclic_graph(nxg)
-    rows_n = looked_up_rows(wl) * wl.model.hidden
-    assert g.meta["embedding_rows"] == rows_n
+    rows_n = row_capacity(wl) * wl.model.hidden
+    assert g.meta["embedding_rows_elems"] == rows_n
+    h = wl.model.hidden  # whole rows: the embedding's gradient chunks and the rows' chunks
+    emb_grad = (g.unit == 0) & np.isin(g.kind, [Kind.D2H, Kind.ADAM])
+    assert np.all(g.elem_lo[emb_grad] % h == 0) and np.all(g.elem_hi[emb_grad] % h == 0)
     tied = wl.model.tie_embeddings
     for t in range(2):
         it, emb = g.iteration == t, g.unit == 0
@@ -45,7 +49,7 @@ def test_rows_split_orders_the_embedding_update(wl, plan):
         anc = {int(v): nx.ancestors(nxg, int(v)) for v in np.flatnonzero(rows)}
         for v, before in anc.items():  # the rows update follows every bulk ADAM and bulk CAST
             assert set(np.flatnonzero(bulk).tolist()) <= before
-            casts = it & emb & (g.kind == Kind.CAST) & ~g.rows & (g.elem_lo >= 0)
+            casts = it & emb & (g.kind == Kind.CAST) & ~g.rows
             assert set(np.flatnonzero(casts).tolist()) - set(range(v, g.n_tasks)) <= before
         bulk_before = set().union(*(nx.ancestors(nxg, int(v)) for v in np.flatnonzero(bulk)))
         downloads = np.flatnonzero(it & emb & (g.kind == Kind.D2H) & ~g.rows)
@@ -54,13 +58,43 @@ def test_rows_split_orders_the_embedding_update(wl, plan):
             assert set(heads.tolist()) <= bulk_before and len(downloads) > 0
         else:  # a zero gradient: nothing comes back for the bulk
             assert len(downloads) == 0
-    # the next step's EMBED_FWD reads what both parts delivered
-    for v in np.flatnonzero((g.iteration == 1) & (g.kind == Kind.EMBED_FWD)):
+    # the embedding slot: the next step's bulk delivery after this step's readers of it, the
+    # rows after the rank's bulk delivery, the next EMBED_FWD after both (with or without the
+    # step join)
+    for r in range(wl.gpus):
+        on_r = (g.iteration == 0) & (g.unit == 0) & (g.rank == r)
+        fwd1 = int(np.flatnonzero((g.iteration == 1) & (g.kind == Kind.EMBED_FWD)
+                                  & (g.rank == r))[0])
+        reads = Kind.HEAD_LOSS if tied else Kind.EMBED_FWD  # the last reader of the weight
+        reader = int(np.flatnonzero((g.iteration == 0) & (g.kind == reads) & (g.rank == r))[0])
+        before_fwd1 = nx.ancestors(nxg, fwd1)
+        first_fwd = int(np.flatnonzero(on_r & (g.kind == Kind.EMBED_FWD))[0])
+        bulk_h2d = np.flatnonzero(on_r & (g.kind == Kind.H2D) & ~g.rows)
+        next_bulk = [int(v) for v in bulk_h2d if v > first_fwd]
+        rows_h2d = np.flatnonzero(on_r & (g.kind == Kind.H2D) & g.rows).tolist()
+        assert next_bulk and rows_h2d
+        for v in next_bulk:
+            assert reader in nx.ancestors(nxg, v)
+        for v in rows_h2d:
+            assert set(next_bulk) <= nx.ancestors(nxg, v)
+        assert set(next_bulk + rows_h2d) <= before_fwd1
+    # the next step's bulk does not overtake this step's rows update or the rows' readers
+    rows_casts = np.flatnonzero((g.iteration == 0) & (g.kind == Kind.CAST) & g.rows)
+    for v in np.flatnonzero((g.iteration == 1) & (g.unit == 0) & (g.kind == Kind.ADAM) & ~g.rows):
         before = nx.ancestors(nxg, int(v))
-        for kind in (Kind.ADAM, Kind.H2D):
-            parts = np.flatnonzero((g.iteration == 0) & (g.unit == 0) & (g.kind == kind)
-                                   & g.rows)
-            assert set(parts.tolist()) <= before
+        assert set(rows_casts.tolist()) <= before
+        rows0 = np.flatnonzero((g.iteration == 0) & (g.kind == Kind.ADAM) & g.rows)
+        assert set(rows0.tolist()) <= before
+
+
+def test_the_template_graph_leaves_the_first_delivery_to_the_executor():
+    wl = Workload(load_model("qwen3-0.6b"), 256, 2, 1, 1)
+    g = build_graph(wl, Plan(embedding_rows=True), 8, iterations=1, first_delivery=False)
+    first = np.flatnonzero(g.kind == Kind.EMBED_FWD)[0]
+    assert not np.any((g.unit[:first] == 0) & np.isin(g.kind[:first], [Kind.CAST, Kind.H2D]))
+    # one delivery of the embedding per step: the next step's, bulk and rows
+    h2d = (g.kind == Kind.H2D) & (g.unit == 0)
+    assert h2d.any() and np.all(np.flatnonzero(h2d) > first)
 
 
 def test_rows_mode_is_ignored_when_the_update_is_deferred():

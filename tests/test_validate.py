@@ -13,6 +13,7 @@ from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import GradRoute, ParamRoute
 from slidedp.validate import store
 from slidedp.validate.cases import case_toml, load_cases, parse_case_spec, parse_cases
+from slidedp.validate.importer import import_results
 from slidedp.validate.traces import load_trace
 
 ROOT = Path(__file__).parents[1]
@@ -197,3 +198,14 @@ def test_case_spec_reads_a_plan_file(tmp_path):
         8, 2, "replicated", 7, ("none", "layer"))
     with pytest.raises(SpecError, match="missing.toml"):
         parse_case_spec(f"8:2:plan={tmp_path / 'missing.toml'}")
+
+
+def test_import_refuses_ran_threads_of_no_case(tmp_path):
+    (tmp_path / "validation").mkdir()
+    text = (VALIDATION / "imports.toml").read_text().replace(
+        'ran_threads = {default = [12, 12]}',
+        'ran_threads = {default = [12, 12], "4:4:nosuchcase" = [1, 1]}')
+    (tmp_path / "validation" / "imports.toml").write_text(text)
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    with pytest.raises(SpecError, match="ran_threads.4:4:nosuchcase"):
+        import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")

@@ -433,9 +433,9 @@ class Engine:
                     st.done.notify_all()
 
     def _cpu_threads(self, a: int) -> int:
-        """Threads of CPU agent `a` (0 for a GPU agent): the graph's share for its tasks (cast
-        threads, or update threads / workers), within this process's budget, so that the cast and
-        the update workers split the cores as the model assumes instead of oversubscribing them.
+        """Threads of CPU agent `a` (0 for a GPU agent): the graph's team for its tasks (cast
+        threads, or update threads / workers), within this process's budget (Plan.threads: by
+        default three quarters of the cores for each team, as the model assumes).
         Applied on GPUs only: on the CPU the compute agents need the cores too, and the CPU tests
         compare the overlapped and the synchronous modes bit for bit, which fixed per-thread
         OpenMP teams of different sizes could break in reductions."""

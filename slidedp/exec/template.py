@@ -62,7 +62,8 @@ class Template:
             ks, kd = self.kind[s], self.kind[d]
             if ks == Kind.CAST and kd == Kind.H2D:
                 self.h2d_src[d] = int(g.buffer[s])
-            own = k == EdgeKind.DATA and g.unit[s] == g.unit[d] and g.elem_lo[s] == g.elem_lo[d]
+            own = (k == EdgeKind.DATA and g.unit[s] == g.unit[d] and g.rows[s] == g.rows[d]
+                   and g.elem_lo[s] == g.elem_lo[d])
             if ks == Kind.D2H and own:
                 self.worker[s] = self.worker[d]
                 self.grad_src[d].append(((int(g.rank[s]), self.worker[d]), int(g.buffer[s])))

@@ -38,14 +38,17 @@ embedding rows  with plan.embedding_rows (and no defer_update) the embedding's u
               (CAST / H2D / ALLGATHER of the embedding, gated by these ADAMs) follows the
               backward's deliveries and waits for the embedding's readers (EMBED_FWD, and
               HEAD_LOSS when tied). Rows: EMBED_BWD writes a compact gradient of the looked-up
-              rows (looked_up_rows(wl) x hidden elements; tasks flagged `rows`, ranges in that
-              compact space), which takes the usual gradient path (REDUCE / D2H / HOST_SUM ->
-              ADAM, after every bulk ADAM and every bulk CAST) -> CAST -> H2D to every rank
+              rows (row_capacity(wl) x hidden elements, the most a batch can look up; tasks
+              flagged `rows`, ranges in that compact space, whole rows; their work scaled to the
+              expected looked_up_rows(wl); the embedding's own gradient chunks are whole rows), which takes the usual gradient path (REDUCE / D2H / HOST_SUM ->
+              ADAM, after every bulk ADAM, CAST and H2D) -> CAST -> H2D to every rank
               (after its bulk delivery: the rows overwrite their stale bulk copy). The next
               step's EMBED_FWD waits for its rank's bulk delivery and rows H2Ds instead of a
               delivery of its own (iteration 0 delivers the embedding at its start).
 Edges: DATA along those arrows; the version gate I3 from ADAM(t, u, k) to the first delivery of
-unit u in t+1 that touches the same parameters; ORDER along each agent's issue order; BUFFER from
+unit u in t+1 that touches the same parameters (with embedding_rows, the embedding's gates run
+from the bulk ADAMs of t to the bulk delivery created in t, and from the rows ADAMs to the rows
+CASTs: same-iteration edges, as that delivery is the next step's); ORDER along each agent's issue order; BUFFER from
 the last readers of a slot / staging chunk / gradient buffer to the next writer; with
 plan.step_join, JOIN from every agent's last task of step t to every agent's first of t+1.
 
@@ -111,20 +114,35 @@ def shard_ranges(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def grad_plans(wl: Workload, plan: Plan) -> list[list[tuple[int, int, int]]]:
-    """Per unit, its gradient chunks as (update worker, lo, hi): one ADAM each."""
-    return [grad_chunks(n, wl.gpus, plan) for n in wl.model.unit_params()]
+    """Per unit, its gradient chunks as (update worker, lo, hi): one ADAM each. With
+    embedding_rows the embedding's chunks are whole rows (its ADAMs save and restore rows)."""
+    align = wl.model.hidden if splits_embedding(plan) else 1
+    return [grad_chunks(n, wl.gpus, plan, align if u == 0 else 1)
+            for u, n in enumerate(wl.model.unit_params())]
 
 
-def grad_chunks(n: int, R: int, plan: Plan) -> list[tuple[int, int, int]]:
+def splits_embedding(plan: Plan) -> bool:
+    """Whether the graph splits the embedding's update (plan.embedding_rows; off when deferred)."""
+    return plan.embedding_rows and not plan.defer_update
+
+
+def grad_chunks(n: int, R: int, plan: Plan, align: int = 1) -> list[tuple[int, int, int]]:
     """The gradient chunks (update worker, lo, hi) of n elements: D2H-chunk sized, each update
-    process (R of them when the update is sharded) taking a contiguous share."""
+    process (R of them when the update is sharded) taking a contiguous share; every boundary a
+    multiple of `align` (n must be one)."""
     scatter = plan.update_sharding == UpdateSharding.SHARDED and R > 1
-    d2h_chunk = max(1, int(plan.d2h_chunk_mib * MIB) // GRAD_D2H_BYTES)
+    d2h_chunk = max(align, int(plan.d2h_chunk_mib * MIB) // GRAD_D2H_BYTES // align * align)
     chunks = []
-    for p, (lo, hi) in enumerate(shard_ranges(n, R) if scatter else [(0, n)]):
+    shards = [(a * align, z * align) for a, z in shard_ranges(n // align, R)] if scatter else [(0, n)]
+    for p, (lo, hi) in enumerate(shards):
         for k, (a, z) in enumerate(chunk_ranges(lo, hi, d2h_chunk)):
             chunks.append((p * plan.update_workers + k % plan.update_workers, a, z))
     return chunks
+
+
+def row_capacity(wl: Workload) -> int:
+    """Most distinct embedding rows a global batch can look up: min(V, tokens of the batch)."""
+    return min(wl.model.vocab_size, wl.global_batch * wl.seq_len)
 
 
 def looked_up_rows(wl: Workload) -> int:
@@ -225,8 +243,12 @@ class _Ring:
         return i, prev
 
 
-def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> TaskGraph:
-    """The task graph of `iterations` consecutive steps (>= 2 so that version gates exist)."""
+def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
+                first_delivery: bool = True) -> TaskGraph:
+    """The task graph of `iterations` consecutive steps (>= 2 so that version gates exist).
+    first_delivery=False leaves out iteration 0's embedding delivery when each step delivers the
+    next step's (embedding_rows): the executor's per-step template, which delivers it once
+    itself before its first step."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
     m = wl.model
@@ -267,10 +289,13 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
 
     up_plans = [upload_plan(u) for u in range(len(units))]
     gr_plans = grad_plans(wl, plan)
-    rows_mode = plan.embedding_rows and not plan.defer_update  # module docstring, "embedding rows"
-    rows_elems = looked_up_rows(wl) * m.hidden if rows_mode else 0
-    rows_gp = grad_chunks(rows_elems, R, plan) if rows_mode else []
-    bulk_extra = 2.0 * rows_elems / units[0] if rows_mode else 0.0  # saved + restored rows
+    rows_mode = splits_embedding(plan)  # module docstring, "embedding rows"
+    # the rows tasks tile the capacity (the most rows a batch can look up); their work is the
+    # expected share of it (`fill`), as the executor skips the rows past the batch's own
+    rows_elems = row_capacity(wl) * m.hidden if rows_mode else 0
+    fill = looked_up_rows(wl) / row_capacity(wl) if rows_mode else 0.0
+    rows_gp = grad_chunks(rows_elems, R, plan, m.hidden) if rows_mode else []
+    bulk_extra = 2.0 * fill * rows_elems / units[0] if rows_mode else 0.0  # saved + restored rows
 
     staging = _Ring(plan.staging_chunks)
     ring_sizes = grad_ring_sizes(wl, plan)
@@ -356,7 +381,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         for u, chunks in pending.items():
             out[u] = []
             for c in chunks:
-                _, _, w, lo, hi, src, _, _ = c[:8]
+                _, _, w, lo, hi, src, _, _ = c
                 a = adam(t, *c)
                 if w not in workers:  # its first ADAM: the later ones follow it (ORDER)
                     workers.add(w)
@@ -373,7 +398,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         adams = []
         gp = rows_gp if rows else gr_plans[u]
         n = rows_elems if rows else units[u]
-        nbytes = n * GRAD_BYTES
+        scale = fill if rows else 1.0
+        nbytes = n * GRAD_BYTES * scale
         red = -1
         if R > 1 and plan.grad_route == GradRoute.GPU:
             op = "reduce_scatter" if scatter else "reduce"
@@ -391,8 +417,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             downs = []
             for r in src_ranks:
                 i, prev = d2h_rings[(r, w)].take()
-                v = b.task(Kind.D2H, t, u, r, k, d2h[r], (hi - lo) * GRAD_D2H_BYTES, lo, hi, buffer=i,
-                           rows=rows)
+                v = b.task(Kind.D2H, t, u, r, k, d2h[r], (hi - lo) * GRAD_D2H_BYTES * scale, lo, hi,
+                           buffer=i, rows=rows)
                 b.edge(red if red >= 0 else bwd[r], v, EdgeKind.DATA)
                 b.edges(prev, v, EdgeKind.BUFFER)
                 grad_readers[r].append(v)
@@ -403,8 +429,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                 # R - 1 additions, each reading two FP32 chunks and writing one (staging.host_sum),
                 # then the sum's squares for the gradient norm (one more read: engine._run_host_sum)
                 src = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
-                             (hi - lo) * GRAD_D2H_BYTES * (3 * (len(downs) - 1) + 1), lo, hi,
-                             threads=worker_threads, buffer=i, rows=rows)
+                             (hi - lo) * GRAD_D2H_BYTES * (3 * (len(downs) - 1) + 1) * scale,
+                             lo, hi, threads=worker_threads, buffer=i, rows=rows)
                 for r, v, j in downs:
                     b.edge(v, src, EdgeKind.DATA)
                     d2h_rings[(r, w)].readers[j].append(src)
@@ -412,7 +438,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             if plan.defer_update:
                 pending.setdefault(u, []).append(chunk)
             else:
-                adams.append((adam(t, *chunk, rows=rows, extra=round(extra * (hi - lo))), lo, hi))
+                work_extra = round((extra + scale - 1.0) * (hi - lo))
+                adams.append((adam(t, *chunk, rows=rows, extra=work_extra), lo, hi))
         if gbuf is not None:
             for r in range(R):
                 readers[gbuf + (r,)] = grad_readers[r]
@@ -420,7 +447,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
 
     def zero_grad_updates(t: int, after: list) -> list[tuple[int, int, int]]:
         """The untied embedding's bulk: ADAMs with a zero gradient (nothing to download), after
-        the previous step's rows update (`after`)."""
+        the previous step's rows update and its readers (`after`)."""
         out = []
         for k, (w, lo, hi) in enumerate(gr_plans[0]):
             a = b.task(Kind.ADAM, t, 0, -1, k, update[w], hi - lo + round(bulk_extra * (hi - lo)),
@@ -435,12 +462,12 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         h2ds = [[] for _ in range(R)]
         for k, (_, lo, hi) in enumerate(rows_gp):
             i, prev = staging.take()
-            src = b.task(Kind.CAST, t, 0, -1, k, cast, hi - lo, lo, hi, threads=cast_threads,
-                         buffer=i, rows=True)
+            src = b.task(Kind.CAST, t, 0, -1, k, cast, (hi - lo) * fill, lo, hi,
+                         threads=cast_threads, buffer=i, rows=True)
             b.edges(prev, src, EdgeKind.BUFFER)
             _gate(src, lo, hi, rows_adams)
             for r in range(R):
-                v = b.task(Kind.H2D, t, 0, r, k, h2d[r], (hi - lo) * PARAM_BYTES, lo, hi,
+                v = b.task(Kind.H2D, t, 0, r, k, h2d[r], (hi - lo) * PARAM_BYTES * fill, lo, hi,
                            buffer=W, rows=True)
                 b.edge(src, v, EdgeKind.DATA)
                 b.edges(bulk_ready[r], v, EdgeKind.BUFFER)
@@ -449,12 +476,17 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         return h2ds
 
     next_emb: list[list[int]] | None = None  # rows mode: per rank, what EMBED_FWD of t+1 waits on
-    rows_prev: list[tuple[int, int, int]] = []  # rows mode: the previous step's rows ADAMs
+    rows_prev: list[tuple[int, int, int]] = []  # rows mode: what the next step's bulk follows
     for t in range(iterations):
         gated = t > 0
         new_adam: dict[int, list[tuple[int, int, int]]] = {}
         # ---- forward deliveries and compute, interleaved in need order
-        emb_ready = next_emb if next_emb is not None else deliver(t, 0, ("embed",), W, gated)
+        if next_emb is not None:
+            emb_ready = next_emb
+        elif first_delivery or not rows_mode:
+            emb_ready = deliver(t, 0, ("embed",), W, gated)
+        else:  # the executor delivered it before its first step
+            emb_ready = [[] for _ in range(R)]
         last = [-1] * R
         act_src = [[-1] * (L + 2) for _ in range(R)]  # compute task producing layer l's input
         emb_fwd = []
@@ -544,7 +576,10 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
                 readers[("embed", r)] = [head_tasks[r] if m.tie_embeddings else emb_fwd[r]]
             first = b.n
             next_bulk = deliver(t, 0, ("embed",), W, True, gates=bulk)
-            bulk_casts = [v for v in range(first, b.n) if b.cols["kind"][v] == Kind.CAST]
+            # the host-side readers of the bulk delivery: CASTs of the master, or with
+            # host_bf16_copy the H2Ds of the copy, which the rows update rewrites
+            bulk_casts = [v for v in range(first, b.n)
+                          if b.cols["kind"][v] in (Kind.CAST, Kind.H2D)]
         emb_bwd = []
         for r in range(R):
             v = b.task(Kind.EMBED_BWD, t, 0, r, -1, compute[r], tokens * m.hidden * 2)
@@ -553,11 +588,17 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
             if not rows_mode:
                 readers[("embed", r)] = [v]
         if rows_mode:
-            rows_prev = reduce_and_update(t, 0, emb_bwd, None, rows=True)
-            for a, _, _ in rows_prev:  # the bulk restored the rows' state; it read the master
+            rows_adams = reduce_and_update(t, 0, emb_bwd, None, rows=True)
+            for a, _, _ in rows_adams:  # the bulk restored the rows' state; it read the master
                 b.edges([x for x, _, _ in bulk] + bulk_casts, a, EdgeKind.DATA)
-            rows_ready = deliver_rows(t, rows_prev, next_bulk)
+            first = b.n
+            rows_ready = deliver_rows(t, rows_adams, next_bulk)
             next_emb = [next_bulk[r] + rows_ready[r] for r in range(R)]
+            # what the next bulk must not overtake: the rows update, and whatever read the
+            # host state it changes (the rows' CASTs; the bulk's CASTs or copy H2Ds)
+            rows_prev = rows_adams + [(v, -1, -1) for v in range(first, b.n)
+                                      if b.cols["kind"][v] == Kind.CAST] + [
+                (v, -1, -1) for v in bulk_casts]
         else:
             new_adam[0] = reduce_and_update(t, 0, emb_bwd, None)
         prev_adam = deferred_updates(t) if plan.defer_update else new_adam
@@ -580,9 +621,9 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2) -> Ta
         meta={"cast_threads": cast_threads, "update_threads": update_threads,
               "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter,
               "cast_share": team_share(cast_threads, cores),
-              "update_share": team_share(update_threads, cores),
+              "update_share": team_share(worker_threads, cores),
               "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm,
-              "adam_writes_copy": plan.host_bf16_copy, "embedding_rows": rows_elems},
+              "adam_writes_copy": plan.host_bf16_copy, "embedding_rows_elems": rows_elems},
     )
     return g
 

@@ -11,8 +11,8 @@ Durations are each task alone on its agent at the full rate of its resources (no
   H2D, ACT_RELOAD         bytes / per-GPU H2D rate;  D2H, ACT_OFFLOAD  bytes / per-GPU D2H rate
   CAST                    elements / (cast rate(threads, chunk) x share);  ADAM  parameters /
                           (Adam rate(threads) x share), share = the task's team's
-                          (task_core_share: build.team_share of the cast team or of the whole
-                          update team: a team larger than the cores left to it waits on its
+                          (task_core_share: build.team_share of the cast team or of an update
+                          worker's team: a team larger than the cores left to it waits on its
                           preempted threads). The cast rate is the hardware's rate for a chunk of
                           the task's elements when it has host.cast_chunk_gelem_per_s (measured
                           by chunk size into a pinned ring, interpolated in log chunk size),
@@ -75,12 +75,11 @@ def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
 
 def task_core_share(g: TaskGraph) -> np.ndarray:
     """Per task, the fraction of its threads' speed its team keeps (build.team_share): the cast
-    team's for CAST, the update team's for ADAM and HOST_SUM, 1 for the rest and for graphs built
-    without the shares."""
+    team's for CAST, an update worker's for ADAM, 1 for the rest (HOST_SUM runs at the DRAM
+    rate) and for graphs built without the shares."""
     share = np.ones(g.n_tasks)
     share[g.kind == int(Kind.CAST)] = float(g.meta.get("cast_share", 1.0))
-    update = (g.kind == int(Kind.ADAM)) | (g.kind == int(Kind.HOST_SUM))
-    share[update] = float(g.meta.get("update_share", 1.0))
+    share[g.kind == int(Kind.ADAM)] = float(g.meta.get("update_share", 1.0))
     return share
 
 

@@ -41,5 +41,5 @@ def graph_traffic_bytes(g: TaskGraph, iteration: int, unit: int | None = None) -
 
 def deliveries_per_iteration(g: TaskGraph, iteration: int, unit: int) -> int:
     """How many times a unit is uploaded in one iteration (1 or 2)."""
-    m = (g.iteration == iteration) & (g.unit == unit) & (g.kind == int(Kind.H2D))
+    m = (g.iteration == iteration) & (g.unit == unit) & (g.kind == int(Kind.H2D)) & ~g.rows
     return int((m & (g.rank == 0) & (g.chunk == 0)).sum())

@@ -14,10 +14,11 @@ A provenance file (TOML; paths relative to it) says where each results file came
     hardware_notes = ["..."]      # what to know about that hardware file (optional)
     notes = ["..."]               # what to know about the measurement (optional)
     ran_threads = {default = [8, 24], "4:4:sharded:gpu:rank0:cast_threads=16" = [24, 24]}
-                                  # (optional) the CPU teams the executor really ran, [cast, update]
-                                  # threads, where they differ from what the plan says today: per
+                                  # the CPU teams the executor ran, [cast, update] threads: per
                                   # case string, `default` for plans without thread fields (the
-                                  # default split of that day, or a threading bug's sizes)
+                                  # default split of that day, or a threading bug's sizes). Give
+                                  # it for every source: a plan without thread fields would else
+                                  # be predicted with today's default, which moves with the code
 
 The case folder is named after the plan as requested; the stored plan carries the threads as run,
 so that the predictions model what ran.
@@ -108,7 +109,7 @@ def _ran_threads(raw, where: str, field: str) -> dict[str, tuple[int, int]]:
     out = {}
     for key, pair in raw.items():
         if not (isinstance(pair, list) and len(pair) == 2
-                and all(isinstance(n, int) and n > 0 for n in pair)):
+                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in pair)):
             raise SpecError(where, f"{field}.{key}", f"[cast threads, update threads], positive integers, got {pair!r}")
         out[key] = (pair[0], pair[1])
     return out
@@ -150,6 +151,10 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
         if not results.is_file():
             raise SpecError(where, f"{src.prefix}.results", f"an existing file, got {results}")
         rows = multi_gpu_rows(results) if fmt == "multi_gpu" else _single_gpu(results)
+        unknown = set(ran) - {"default"} - {case.name for case, _ in rows}
+        if unknown:
+            raise SpecError(where, f"{src.prefix}.ran_threads.{sorted(unknown)[0]}",
+                            f"a case string of {results.name}")
         for case, figures in rows:
             plan, ran_notes = _as_run(case, ran)
             case = Case(case_name(prefix, case), case.model, case.seq, case.gpus,
