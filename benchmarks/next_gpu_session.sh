@@ -9,7 +9,9 @@
 #   bash benchmarks/next_gpu_session.sh 8b-gb32 OUT   # nvidia-h200-x2: Qwen3-8B strong scaling at
 #                                                      #   global batch 32, R=2 routes at 16:4
 #   bash benchmarks/next_gpu_session.sh loss OUT      # any H200: 200-step BF16 loss vs resident
-#   bash benchmarks/next_gpu_session.sh h200 OUT      # nvidia-h200: profile v3 + the 4B cases again
+#   bash benchmarks/next_gpu_session.sh h200 OUT      # nvidia-h200: profile v3 + the 4B cases again,
+#                                                      #   with and without embedding_rows
+#   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
 # a few; tar anything larger), then import with `slidedp validate --import-results`.
 set -euo pipefail
@@ -49,8 +51,15 @@ h200)
     python3 -m slidedp.cli profile --out "$OUT/h200-profile-v3.toml" --base h200x1 \
         --model qwen3-4b --micro-batch 1 4 6 8 --quick --name h200-profile-v3
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b.jsonl" qwen3-4b ref:6 ref:8 \
-        "4:4:$G:window_slots=36" "6:6:$G" "8:8:$G" "16:8:$G:window_slots=36" --iters 8 --discard 3 ;;
+        "4:4:$G:window_slots=36" "6:6:$G:window_slots=36" "6:6:$G:window_slots=36:embedding_rows=true" \
+        "8:8:$G:window_slots=36" "8:8:$G:window_slots=36:embedding_rows=true" \
+        "16:8:$G:window_slots=36" --iters 8 --discard 3 ;;
+rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
+    # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
+    python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
+        "4:4:$G:window_slots=36:embedding_rows=true" "16:4:$G:window_slots=36" \
+        "16:4:$G:window_slots=36:embedding_rows=true" --iters 6 --discard 3 ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|rows OUT" >&2
     exit 2 ;;
 esac

@@ -122,10 +122,10 @@ def test_rows_shorten_a_gpu_bound_step(gpus, gb):
     assert split.step_time_s < whole.step_time_s - 0.02
 
 
-def test_the_executor_refuses_the_rows_split():
+def test_the_executor_refuses_the_rows_split_with_several_ranks():
     from slidedp.exec.adamw import AdamWConfig
     from slidedp.exec.engine import Engine
     cfg = dict(load_model("tiny-qwen3").config)
-    wl = Workload(load_model("tiny-qwen3"), 8, 1, 1, 1)
+    wl = Workload(load_model("tiny-qwen3"), 8, 2, 1, 2)
     with pytest.raises(SpecError, match="embedding_rows"):
         Engine(cfg, wl, Plan(embedding_rows=True), optimizer=AdamWConfig(lr=1e-3))

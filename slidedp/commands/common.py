@@ -51,7 +51,7 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g.add_argument("--embedding-rows", action="store_true",
                    help="update the embedding in two parts, every row during the backward and "
                    "the looked-up rows after it, so that the step boundary carries only those "
-                   "(a what-if: the executor refuses it for now; docs/embedding-rows.md)")
+                   "(the executor runs it on one GPU so far; docs/embedding-rows.md)")
 
 
 @dataclass(frozen=True)
@@ -110,4 +110,5 @@ def describe(r: Resolved) -> str:
     return (f"{describe_workload(r.hardware, r.workload)} | "
             f"params {p.param_route}, grads {p.grad_route}, update {p.update_sharding} | chunks "
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
-            f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}")
+            f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}"
+            f"{' | embedding rows split' if p.embedding_rows else ''}")

@@ -24,16 +24,15 @@ from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 
 class EmbeddingRows:
     def __init__(self, vocab: int, hidden: int, capacity_rows: int, chunk_elems: int,
-                 workers: list[int], device: torch.device, dtype: torch.dtype, pin: bool):
+                 workers: list[int], device: torch.device, dtype: torch.dtype):
         self.vocab, self.h = vocab, hidden
         self.grad = torch.empty(capacity_rows, hidden, device=device, dtype=dtype)
         self.upload = torch.empty(chunk_elems, device=device, dtype=dtype)
         rows = max(1, chunk_elems // hidden)
         # per update worker: saved / gathered p, m, v rows (one chunk of whole rows each)
-        self.saved = {w: torch.empty(3, rows, hidden, dtype=torch.float32, pin_memory=False)
-                      for w in workers}
+        self.saved = {w: torch.empty(3, rows, hidden, dtype=torch.float32) for w in workers}
         self.cast_rows = torch.empty(rows, hidden, dtype=torch.float32)
-        self.zero = torch.zeros(chunk_elems, dtype=torch.float32, pin_memory=pin)
+        self.zero = torch.zeros(chunk_elems, dtype=torch.float32)  # read by Adam only: unpinned
         self.u = torch.empty(0, dtype=torch.long)  # U on the host
         self.u_dev = self.u.to(device)
         self.inv: list[torch.Tensor] = []  # per micro-batch: each token's row in U (device)

@@ -127,6 +127,7 @@ from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.dist.collectives import Collectives
 from slidedp.exec.dist.ownership import process_threads, task_owners
 from slidedp.exec.dist.session import DistSession, PeerFailure
+from slidedp.exec.embedding_rows import EmbeddingRows
 from slidedp.exec.host_state import HostState
 from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.loss import IGNORE_INDEX, linear_cross_entropy, shift_labels
@@ -134,7 +135,7 @@ from slidedp.exec.policy_runner import LayerState, PolicyRunner, kept_layout
 from slidedp.exec.staging import HostRings, PinnedPool
 from slidedp.exec.template import Template
 from slidedp.exec.window import Window
-from slidedp.graph.build import build_graph
+from slidedp.graph.build import build_graph, splits_embedding
 from slidedp.graph.tasks import Kind
 from slidedp.graph.timeline import Record, Timeline, union_intervals
 from slidedp.spec.errors import SpecError
@@ -203,6 +204,10 @@ class Engine:
         if mode not in MODES:
             raise SpecError("engine", "mode", f"one of {', '.join(MODES)}, got {mode!r}")
         R = workload.gpus
+        if plan.embedding_rows and R > 1:
+            raise SpecError("plan", "embedding_rows", "false with several ranks: the executor "
+                            "splits the embedding's update on one GPU only so far "
+                            "(docs/embedding-rows.md)")
         if (session.world_size if session else 1) != R:
             raise SpecError("engine", "session", f"a DistSession of workload.gpus = {R} rank "
                             "processes (start them with slidedp.exec.dist.launch)")
@@ -212,9 +217,6 @@ class Engine:
         if not plan.step_join:
             raise SpecError("plan", "step_join", "true: the executor joins every agent at the step "
                             "boundary (see 'Step boundary' above)")
-        if plan.embedding_rows:
-            raise SpecError("plan", "embedding_rows", "false: the executor does not split the "
-                            "embedding's update yet (a simulator what-if; docs/embedding-rows.md)")
         if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
             plan = replace(plan, defer_update=True)
         self.session, self.probe, self.R = session, probe, R
@@ -231,7 +233,9 @@ class Engine:
             raise SpecError("workload", "model", f"a model whose units have {numels} parameters "
                             f"(the config's), got {workload.model.unit_params()}")
         cores = os.cpu_count() or 1
-        g = build_graph(workload, plan, cores, iterations=1)
+        self.split_embedding = splits_embedding(plan)  # embedding_rows (off when deferred)
+        g = build_graph(workload, plan, cores, iterations=1,
+                        first_delivery=not self.split_embedding)
         self.tpl = tpl = Template(g, task_owners(g, plan), self.rank)
         self.n_workers = int(g.meta["update_workers"])
         scatter = bool(g.meta["scatter_update"])
@@ -304,6 +308,13 @@ class Engine:
         self.acts = self.layer_runner.acts = KeptActivations(
             [layout[p] for p in self.policies[1:]], workload.accum_steps, plan.offload_ratio,
             plan.reload_ahead_layers, self.device, self.pool)
+        self.emb_rows = None
+        self._embedding_delivered = False  # split embedding: a step delivers the next one's
+        if self.split_embedding:
+            chunk = max(tpl.largest(Kind.ADAM), tpl.largest(Kind.D2H), tpl.largest(Kind.CAST))
+            self.emb_rows = EmbeddingRows(
+                self.runner.vocab, self.runner.hidden, g.meta["embedding_rows_elems"] //
+                self.runner.hidden, chunk, local_workers, self.device, dtype)
         names = tpl.agent_names
         self.streams = [torch.cuda.Stream(self.device) if self.cuda and tpl.is_gpu_agent[a]
                         else None for a in range(len(names))]
@@ -362,6 +373,10 @@ class Engine:
         st.rope = self.runner.rope(wl.seq_len)
         st.loss = torch.zeros((), dtype=torch.float32, device=self.device)
         self.acts.reset()  # nothing is kept across steps (a failed step may have left entries)
+        if self.emb_rows is not None:
+            self.emb_rows.begin_step(input_ids, st.ids)
+            if not self._embedding_delivered:
+                self._deliver_embedding()
         if self.cuda:
             torch.cuda.synchronize(self.device)  # boundary sync (see the module docstring)
             self.ev_ref.record()
@@ -384,6 +399,7 @@ class Engine:
                     break
                 if self.cuda:
                     torch.cuda.synchronize(self.device)
+        self._embedding_delivered = st.error is None  # this step delivered the next one's
         if st.error is not None:
             raise st.error
         if self.cuda:
@@ -411,6 +427,20 @@ class Engine:
         self._queues.clear()
         self._threads.clear()
         self.pool.close()
+
+    def _deliver_embedding(self) -> None:
+        """The embedding into its slot, whole and synchronously, through a staging chunk: before
+        the first step of a split embedding (and after a failed step), whose steps each deliver
+        the next step's."""
+        src = self.host_state.unit_copy(0) if self.plan.host_bf16_copy else \
+            self.host_state.unit_master(0)
+        slot, stage = self.window.slot(0), self.rings.staging[0]
+        for lo in range(0, len(src), len(stage)):
+            hi = min(len(src), lo + len(stage))
+            stage[:hi - lo].copy_(src[lo:hi])
+            slot[lo:hi].copy_(stage[:hi - lo])
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
 
     # ---- the interpreter ---------------------------------------------------------------------
 
@@ -548,12 +578,22 @@ class Engine:
 
     def _run_cast(self, st, v):
         u, lo, hi = self._range(v)
-        self.rings.staging[int(self.tpl.g.buffer[v])][:hi - lo].copy_(
-            self.host_state.unit_master(u)[lo:hi])
+        staging = self.rings.staging[int(self.tpl.g.buffer[v])]
+        if self.tpl.g.rows[v]:
+            j0, j1 = self.emb_rows.compact(lo, hi)
+            if j1 > j0:
+                self.emb_rows.rows_cast(staging, self.host_state.unit_master(0), j0, j1)
+            return
+        staging[:hi - lo].copy_(self.host_state.unit_master(u)[lo:hi])
 
     def _run_h2d(self, st, v):
         u, lo, hi = self._range(v)
         i = self.tpl.h2d_src[v]
+        if self.tpl.g.rows[v]:
+            j0, j1 = self.emb_rows.compact(lo, hi)
+            if j1 > j0:
+                self.emb_rows.rows_h2d(self.window.slot(0), self.rings.staging[i], j0, j1)
+            return
         src = self.host_state.unit_copy(u)[lo:hi] if i < 0 else self.rings.staging[i][:hi - lo]
         self.window.slot(u)[lo:hi].copy_(src, non_blocking=True)
 
@@ -605,6 +645,8 @@ class Engine:
             _accumulate(head_grad["norm.weight"], gw, b)
             st.loss += loss
             st.cur[b] = gx
+        if self.emb_rows is not None and self.runner.tied:
+            self.emb_rows.gather_head(grad_weight)
 
     def _run_recompute(self, st, v):
         layer = int(self.tpl.g.unit[v])
@@ -623,6 +665,10 @@ class Engine:
                 _accumulate(grads[name], gp, b)
 
     def _run_embed_bwd(self, st, v):
+        if self.emb_rows is not None:
+            self.emb_rows.add_lookups(st.cur, st.ids, self.runner.padding_idx, self.runner.tied)
+            st.cur = []
+            return
         grad = self.window.grad_views(0)["weight"]
         if not self.runner.tied:  # tied: HEAD_LOSS already wrote the head's share
             grad.zero_()
@@ -643,16 +689,31 @@ class Engine:
     def _run_d2h(self, st, v):
         u, lo, hi = self._range(v)
         key = (int(self.tpl.g.rank[v]), self.tpl.worker[v])
-        dst = self.rings.grad[key][int(self.tpl.g.buffer[v])][:hi - lo]
-        src = self.window.grad(u)[lo:hi]
         j = self.tpl.norm_slot[v]
+        rows = self.emb_rows
+        if self.tpl.g.rows[v]:  # this step's looked-up rows of the compact gradient
+            j0, j1 = rows.compact(lo, hi)
+            if j1 == j0:
+                if j >= 0:
+                    self.sq[j] = 0.0
+                return
+            lo, hi = j0 * rows.h, j1 * rows.h
+            src = rows.grad.view(-1)[lo:hi]
+        else:
+            src = self.window.grad(u)[lo:hi]
+        bulk = rows is not None and u == 0 and not self.tpl.g.rows[v]  # rows zeroed: counted once
+        dst = self.rings.grad[key][int(self.tpl.g.buffer[v])][:hi - lo]
         if not self.cuda:
             dst.copy_(src)
+            if bulk:
+                rows.zero_looked_up(dst, lo, hi)
             if j >= 0:
                 self.sq[j] = torch.dot(dst, dst)
             return
         wide = self.d2h_fp32[:hi - lo]
         wide.copy_(src)
+        if bulk:
+            rows.zero_looked_up(wide, lo, hi)
         if j >= 0:
             self.sq_dev[j].copy_(torch.dot(wide, wide))
             self.sq[j:j + 1].copy_(self.sq_dev[j:j + 1], non_blocking=True)
@@ -667,8 +728,14 @@ class Engine:
     def _run_adam(self, st, v):
         u, lo, hi = self._range(v)
         w, tpl = self.tpl.worker[v], self.tpl
+        rows = self.emb_rows
+        if tpl.g.rows[v]:
+            j0, j1 = rows.compact(lo, hi)
+            hi = lo + (j1 - j0) * rows.h
         if tpl.summed[v] and not self.plan.defer_update:
             g = self.rings.acc[w][:hi - lo]
+        elif not tpl.grad_src[v]:  # the untied embedding's bulk: a zero gradient
+            g = rows.zero[:hi - lo]
         else:
             (key, slot), = tpl.grad_src[v]
             g = self.rings.grad[key][slot][:hi - lo]
@@ -678,9 +745,19 @@ class Engine:
         if st.clip[w] < 1.0:
             g.mul_(st.clip[w])
         hs = self.host_state
+        if tpl.g.rows[v]:
+            if j1 > j0:
+                new = rows.rows_adam(w, hs.unit_master(0), hs.unit_m(0), hs.unit_v(0), g, j0, j1,
+                                     st.adam_step[0], self.opt, st.lr)
+                if hs.copy is not None:
+                    hs.unit_copy(0).view(-1, rows.h).index_copy_(0, rows.u[j0:j1], new.to(self.dtype))
+            return
         p = hs.unit_master(u)[lo:hi]
-        adamw_chunk(p, g, hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi], st.adam_step[u], self.opt,
-                    st.lr)
+        m, var = hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi]
+        if rows is not None and u == 0:  # the bulk: the looked-up rows keep their state
+            rows.bulk_adam(w, p, g, m, var, lo, st.adam_step[0], self.opt, st.lr)
+        else:
+            adamw_chunk(p, g, m, var, st.adam_step[u], self.opt, st.lr)
         if hs.copy is not None:
             hs.unit_copy(u)[lo:hi].copy_(p)
 

@@ -10,17 +10,20 @@ GPU, per rank (bytes):
   transient     one micro-batch's recompute + backward of one layer: the max over layers of
                 tokens per micro-batch x the policy's transient bytes per token
   loss          LOSS_CHUNK_TOKENS x vocab x 4 x 2 (FP32 logits of one chunk and their gradient)
+  embedding_rows  with plan.embedding_rows: the looked-up rows' compact gradient (row capacity x
+                hidden x 2) and one upload chunk
   runtime       CUDA context and allocator slack (estimate)
 Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
 with host_bf16_copy, pinned staging rings (the upload ring and the gradient rings of
 graph.build.grad_ring_sizes: with defer_update those hold a whole iteration's FP32 gradient,
-~4 x parameters), offloaded activations of every rank, and a runtime allowance per rank process
+~4 x parameters), offloaded activations of every rank, the embedding rows' buffers (three FP32 row
+chunks per update worker, one FP32 and one zero chunk), and a runtime allowance per rank process
 (estimate).
 """
 
 from __future__ import annotations
 
-from slidedp.graph.build import grad_ring_sizes
+from slidedp.graph.build import grad_ring_sizes, row_capacity, splits_embedding
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
@@ -52,6 +55,8 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
         "reload": plan.reload_ahead_layers * plan.offload_ratio * max(kept),
         "transient": wl.tokens_per_micro_batch * max(c.transient_bytes for c in costs.values()),
         "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
+        "embedding_rows": (row_capacity(wl) * m.hidden * 2 + plan.h2d_chunk_mib * MIB
+                           if splits_embedding(plan) else 0.0),
         "runtime": GPU_RUNTIME_BYTES,
     }
 
@@ -68,6 +73,8 @@ def host_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
         "staging": plan.staging_chunks * plan.h2d_chunk_mib * MIB
         + sum(grad_ring_sizes(wl, plan).values()) * plan.d2h_chunk_mib * MIB,
         "act_offload": R * plan.offload_ratio * kept,
+        "embedding_rows": ((3 * plan.update_workers + 2) * plan.d2h_chunk_mib * MIB
+                           if splits_embedding(plan) else 0.0),
         "runtime": R * HOST_RUNTIME_BYTES_PER_RANK,
     }
 

@@ -6,7 +6,8 @@ A provenance file (TOML; paths relative to it) says where each results file came
     results = "../benchmarks/results/2026-11-30-h200x2-qwen3-8b-r1.jsonl"
     format = "multi_gpu"          # benchmarks/multi_gpu.py JSONL | "single_gpu" (single_gpu.py JSON)
     prefix = "h200x2-qwen3-8b"    # case folder = <prefix>-r<R>-gb<G>-mb<M>-<param>-<grad>-<update>
-                                  #   [-bf16copy][-w<window>][-c<chunk MiB>][-t<cast>-<update threads>] (non-default fields)
+                                  #   [-bf16copy][-w<window>][-c<chunk MiB>][-t<cast>-<update threads>][-rows]
+                                  #   (non-default fields)
     machine = "nvidia-h200-x2"    # the lent machine kind
     discard = 3                   # steps discarded before the mean (the benchmark's --discard)
     command = "..."               # the command that measured it (benchmarks/RESULTS.md)
@@ -56,6 +57,7 @@ def case_name(prefix: str, c: Case) -> str:
     name += f"-c{p.h2d_chunk_mib:g}" if p.h2d_chunk_mib != default.h2d_chunk_mib else ""
     threads = (p.cast_threads, p.update_threads)
     name += f"-t{threads[0]}-{threads[1]}" if threads != (default.cast_threads, default.update_threads) else ""
+    name += "-rows" if p.embedding_rows else ""
     return name
 
 
