@@ -233,8 +233,9 @@ def test_toml_writer_round_trips():
     assert tomllib.loads(text) == doc
 
 
-@pytest.mark.parametrize("cores,step,want", [(1, 2, [1]), (2, 2, [1, 2]), (32, 2, [1, 2, 4, 8, 16, 32]),
-                                             (12, 4, [1, 4, 12])])
+@pytest.mark.parametrize("cores,step,want", [(1, 2, [1]), (2, 2, [1, 2]),
+                                             (32, 2, [1, 2, 4, 8, 16, 24, 32]),
+                                             (12, 4, [1, 4, 9, 12])])  # + the default team
 def test_thread_counts(cores, step, want):
     assert Sizes(1, 0, step, (1,), 1, (1,), (1,), 0, 1).threads(cores) == want
 

@@ -2,7 +2,9 @@
 
 Host buffers are at least `host_floor_bytes` and at least `llc_multiple` times the last-level
 cache, so that copies stream from DRAM; they are capped at 1/16 of RAM each (the Adam run holds
-four of them). Thread counts are 1, step, step^2, ... below the core count, then the core count.
+four of them). Thread counts are 1, step, step^2, ... below the core count, the core count, and
+the default team size of the plan (Plan.threads: three quarters of the cores), so that the rates
+the default plan runs at are measured, not interpolated.
 The cast by chunk size uses the PCIe chunk sizes (`chunk_mib`, BF16 bytes on the wire). The
 sustained layer run keeps GPU 0 busy for about `sustained_s` seconds per (model, seq,
 micro-batch) point, half per activation policy, and at least `sustained_min_iters` iterations of
@@ -12,6 +14,8 @@ each.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from slidedp.spec.plan import Plan
 
 MIB = 2**20
 GIB = 2**30
@@ -36,11 +40,11 @@ class Sizes:
         return max(MIB, min(want, int(ram_bytes / 16)) // MIB * MIB)
 
     def threads(self, cores: int) -> list[int]:
-        out, n = [], 1
+        out, n = {cores, *Plan().threads(cores)}, 1
         while n < cores:
-            out.append(n)
+            out.add(n)
             n *= self.thread_step
-        return [*out, cores]
+        return sorted(out)
 
 
 FULL = Sizes(host_floor_bytes=GIB, llc_multiple=4, thread_step=2, chunk_mib=(4, 16, 64, 256),
