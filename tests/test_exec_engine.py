@@ -19,6 +19,7 @@ from transformers import AutoConfig
 
 from slidedp.exec.adamw import AdamWConfig
 from slidedp.exec.engine import Engine
+from slidedp.graph.tasks import Kind
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import parse_hf_config
 from slidedp.spec.plan import Plan
@@ -76,8 +77,8 @@ def _train(cfg, plan: Plan, batches, mode="overlap", micro_batch=2, device="cpu"
 
 
 def _check_against_reference(cfg, plan, micro_batch, batch=4, device="cpu", mode="overlap",
-                             opt=OPT):
-    batches = _batches(cfg, batch)
+                             opt=OPT, batches=None):
+    batches = batches or _batches(cfg, batch)
     ref_losses, ref_norms, init, ref_params = _reference(cfg, batches, opt)
     results, params = _train(cfg, plan, batches, micro_batch=micro_batch, device=device, mode=mode,
                              opt=opt)
@@ -234,22 +235,35 @@ def test_cuda_bf16_tracks_fp32_reference():
 # (exec/embedding_rows.py); row-aligned gradient chunks of the embedding, several per unit
 ROWS_PLANS = {
     "rows": Plan(window_slots=2, d2h_chunk_mib=_elems(3000), embedding_rows=True),
-    "rows-bf16copy-2workers": Plan(window_slots=3, d2h_chunk_mib=_elems(1500), update_workers=2,
+    # several bulk upload chunks against row-aligned ADAM chunks; the BF16 host copy
+    "rows-bf16copy-2workers": Plan(window_slots=3, h2d_chunk_mib=_elems(2500),
+                                   d2h_chunk_mib=_elems(1500), update_workers=2,
                                    host_bf16_copy=True, embedding_rows=True, staging_chunks=1),
 }
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])  # tied, untied
-@pytest.mark.parametrize("plan_name", list(ROWS_PLANS))
-def test_embedding_rows_match_reference_and_the_whole_update(family, plan_name):
-    cfg, plan = CONFIGS[family], ROWS_PLANS[plan_name]
-    _check_against_reference(cfg, plan, micro_batch=2)
-    batches = _batches(cfg, 4)
-    split, p_split = _train(cfg, plan, batches)
-    whole, p_whole = _train(cfg, replace(plan, embedding_rows=False), batches)
-    # the same arithmetic per element, but torch's fused Adam takes a chunk's tail (and each
-    # thread's) through a scalar path that rounds apart from the vector one by an ulp, and the
-    # split runs U's rows in chunks of their own: equal to ~1e-7, not bit for bit
+def _few_ids(cfg, k: int, pad: int | None = None):
+    """Batches of ids in [0, k) (most compact row chunks empty), with `pad` among them."""
+    out = []
+    for ids, _ in _batches(cfg, 4):
+        ids = ids % k
+        if pad is not None:
+            ids[:, -2:] = pad
+        labels = ids.clone()
+        labels[0, :3] = -100
+        out.append((ids, labels))
+    return out
+
+
+def _check_rows(cfg, plan, batches=None, opt=OPT):
+    """Against plain AdamW, and against the whole update: the same arithmetic per element, but
+    torch's fused Adam takes a chunk's tail (and each thread's) through a scalar path that rounds
+    apart from the vector one by an ulp, and the split runs U's rows in chunks of their own:
+    equal to ~1e-7, not bit for bit."""
+    batches = batches or _batches(cfg, 4)
+    _check_against_reference(cfg, plan, 2, batches=batches, opt=opt)
+    split, p_split = _train(cfg, plan, batches, opt=opt)
+    whole, p_whole = _train(cfg, replace(plan, embedding_rows=False), batches, opt=opt)
     for a, b in zip(split, whole, strict=True):
         assert a.loss == pytest.approx(b.loss, abs=1e-6)
         assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-6)
@@ -257,10 +271,75 @@ def test_embedding_rows_match_reference_and_the_whole_update(family, plan_name):
         assert float((x - y).abs().max()) <= 1e-6 * max(1.0, float(y.abs().max()))
 
 
-def test_embedding_rows_overlap_equals_sync_bit_for_bit():
-    cfg, plan = CONFIGS["qwen3"], ROWS_PLANS["rows-bf16copy-2workers"]
+@pytest.mark.parametrize("family", ["qwen3", "llama"])  # tied, untied
+@pytest.mark.parametrize("plan_name", list(ROWS_PLANS))
+def test_embedding_rows_match_reference_and_the_whole_update(family, plan_name):
+    _check_rows(CONFIGS[family], ROWS_PLANS[plan_name])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_embedding_rows_with_few_ids_and_padding(family):
+    """9 distinct ids of 256 / 512 rows: most compact chunks are empty (their norm entries 0);
+    a padding id, whose row gets no gradient from the lookup."""
+    cfg = CONFIGS[family] | {"pad_token_id": 5}
+    _check_rows(cfg, ROWS_PLANS["rows"], _few_ids(cfg, 9, pad=5))
+
+
+def test_embedding_rows_are_off_when_clipping():
+    cfg, plan = CONFIGS["qwen3"], ROWS_PLANS["rows"]
+    opt = replace(OPT, grad_clip=0.5)
+    _check_against_reference(cfg, plan, 2, opt=opt)
+    wl = Workload(parse_hf_config(cfg, "test"), SEQ, 4, 2, 1)
+    eng = Engine(cfg, wl, plan, optimizer=opt)
+    try:
+        assert eng.emb_rows is None and not eng.split_embedding
+    finally:
+        eng.close()
+        eng.host_state.close()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_embedding_rows_overlap_equals_sync_bit_for_bit(family):
+    cfg, plan = CONFIGS[family], ROWS_PLANS["rows-bf16copy-2workers"]
     batches = _batches(cfg, 4)
     a, pa = _train(cfg, plan, batches, mode="overlap")
     b, pb = _train(cfg, plan, batches, mode="sync")
     assert [r.loss for r in a] == [r.loss for r in b]
     assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
+
+
+def test_embedding_rows_redeliver_after_a_failed_step():
+    """A step that fails after the untied bulk ran has changed the master: the next step must
+    deliver the embedding again, not trust what the failed step left in the slot."""
+    cfg, plan = CONFIGS["llama"], ROWS_PLANS["rows"]
+    seen, failures = [], [RuntimeError("injected")]  # the second step fails, once
+
+    def probe(iteration, kind, unit, slot):
+        if iteration == 1 and kind == Kind.FWD and unit == 2 and failures:
+            raise failures.pop()
+        if kind == Kind.EMBED_FWD:
+            seen.append(torch.equal(slot, eng.host_state.unit_master(0)))
+
+    wl = Workload(parse_hf_config(cfg, "test"), SEQ, 4, 2, 1)
+    eng = Engine(cfg, wl, plan, optimizer=OPT, mode="sync", probe=probe)
+    try:
+        eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
+        batches = _batches(cfg, 4)
+        eng.step(*batches[0])
+        with pytest.raises(RuntimeError, match="injected"):
+            eng.step(*batches[1])
+        eng.step(*batches[2])
+    finally:
+        eng.close()
+        eng.host_state.close()
+    assert seen == [True, True, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["overlap", "sync"])
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("plan_name", list(ROWS_PLANS))
+def test_cuda_embedding_rows_match_reference(plan_name, family, mode):
+    """The rows' CUDA paths (zeroing U in the widened bulk chunk, the compact upload and its
+    scatter, the compact rows' norms) in FP32 on the GPU."""
+    _check_against_reference(CONFIGS[family], ROWS_PLANS[plan_name], 2, device="cuda", mode=mode)

@@ -111,4 +111,4 @@ def describe(r: Resolved) -> str:
             f"params {p.param_route}, grads {p.grad_route}, update {p.update_sharding} | chunks "
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
             f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}"
-            f"{' | embedding rows split' if p.embedding_rows else ''}")
+            f"{' | embedding rows split' if p.splits_embedding else ''}")

@@ -283,7 +283,7 @@ def train(cfg: TrainConfig, source, session: DistSession | None = None) -> int:
             print(f"plan: params {cfg.plan.param_route}, window {cfg.plan.window_slots} slots, "
                   f"chunks {cfg.plan.h2d_chunk_mib:g}/{cfg.plan.d2h_chunk_mib:g} MiB, offload r="
                   f"{cfg.plan.offload_ratio:g}, {cfg.plan.update_workers} update worker(s)"
-                  f"{', embedding rows split' if cfg.plan.embedding_rows else ''}", flush=True)
+                  f"{', embedding rows split' if cfg.plan.splits_embedding else ''}", flush=True)
         first = tr.step
         losses: list[float] = []
         bar = tqdm(total=cfg.steps, initial=first, unit="step", dynamic_ncols=True,

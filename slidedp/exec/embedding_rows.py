@@ -12,7 +12,10 @@ rank computes the same U). This module holds what the engine's tasks need for it
     rows CAST / H2D   U's rows gathered and cast into a staging chunk, uploaded into a compact
                       device buffer, scattered into the embedding slot
     bulk D2H          U's rows zeroed in the widened chunk, so that the norm counts them once
-Buffers are reserved once (row capacity = min(V, tokens of the global batch)).
+Buffers are reserved once (row capacity = min(V, tokens of the global batch)). U, its device copy
+and each token's index in U are made each step before the step's boundary synchronisation (the
+engine's step()), so the streams that read them see them complete; a bulk download makes one small
+index tensor on its own stream.
 """
 
 from __future__ import annotations
@@ -23,16 +26,20 @@ from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 
 
 class EmbeddingRows:
-    def __init__(self, vocab: int, hidden: int, capacity_rows: int, chunk_elems: int,
-                 workers: list[int], device: torch.device, dtype: torch.dtype):
+    def __init__(self, vocab: int, hidden: int, capacity_rows: int, adam_elems: int,
+                 cast_elems: int, workers: list[int], device: torch.device, dtype: torch.dtype,
+                 zero_grad: bool):
+        """adam_elems: the largest ADAM chunk; cast_elems: the largest rows CAST / H2D chunk;
+        zero_grad: an untied embedding, whose bulk reads a zero gradient."""
         self.vocab, self.h = vocab, hidden
         self.grad = torch.empty(capacity_rows, hidden, device=device, dtype=dtype)
-        self.upload = torch.empty(chunk_elems, device=device, dtype=dtype)
-        rows = max(1, chunk_elems // hidden)
+        self.upload = torch.empty(cast_elems, device=device, dtype=dtype)
+        rows = max(1, adam_elems // hidden)
         # per update worker: saved / gathered p, m, v rows (one chunk of whole rows each)
         self.saved = {w: torch.empty(3, rows, hidden, dtype=torch.float32) for w in workers}
-        self.cast_rows = torch.empty(rows, hidden, dtype=torch.float32)
-        self.zero = torch.zeros(chunk_elems, dtype=torch.float32)  # read by Adam only: unpinned
+        self.cast_rows = torch.empty(max(1, cast_elems // hidden), hidden, dtype=torch.float32)
+        # read by Adam only: unpinned
+        self.zero = torch.zeros(adam_elems if zero_grad else 0, dtype=torch.float32)
         self.u = torch.empty(0, dtype=torch.long)  # U on the host
         self.u_dev = self.u.to(device)
         self.inv: list[torch.Tensor] = []  # per micro-batch: each token's row in U (device)

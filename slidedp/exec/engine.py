@@ -116,7 +116,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
 
 import torch
@@ -135,7 +135,7 @@ from slidedp.exec.policy_runner import LayerState, PolicyRunner, kept_layout
 from slidedp.exec.staging import HostRings, PinnedPool
 from slidedp.exec.template import Template
 from slidedp.exec.window import Window
-from slidedp.graph.build import build_graph, splits_embedding
+from slidedp.graph.build import build_graph
 from slidedp.graph.tasks import Kind
 from slidedp.graph.timeline import Record, Timeline, union_intervals
 from slidedp.spec.errors import SpecError
@@ -194,7 +194,9 @@ class Engine:
 
     With workload.gpus = R > 1, pass the process's DistSession and the HostState it made
     (session.host_state); the device is the session's. `probe` is for instrumented tests (it
-    may synchronize the device).
+    may synchronize the device). With plan.embedding_rows each step delivers the next step's
+    embedding: after changing the host state between steps of a live engine, call
+    host_state_changed().
     """
 
     def __init__(self, model_config, workload: Workload, plan: Plan, *, device: str = "cpu",
@@ -204,7 +206,9 @@ class Engine:
         if mode not in MODES:
             raise SpecError("engine", "mode", f"one of {', '.join(MODES)}, got {mode!r}")
         R = workload.gpus
-        if plan.embedding_rows and R > 1:
+        if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
+            plan = replace(plan, defer_update=True)
+        if plan.splits_embedding and R > 1:
             raise SpecError("plan", "embedding_rows", "false with several ranks: the executor "
                             "splits the embedding's update on one GPU only so far "
                             "(docs/embedding-rows.md)")
@@ -217,8 +221,6 @@ class Engine:
         if not plan.step_join:
             raise SpecError("plan", "step_join", "true: the executor joins every agent at the step "
                             "boundary (see 'Step boundary' above)")
-        if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
-            plan = replace(plan, defer_update=True)
         self.session, self.probe, self.R = session, probe, R
         self.rank = session.rank if session else 0
         self.device = session.device if session else torch.device(device)
@@ -233,7 +235,7 @@ class Engine:
             raise SpecError("workload", "model", f"a model whose units have {numels} parameters "
                             f"(the config's), got {workload.model.unit_params()}")
         cores = os.cpu_count() or 1
-        self.split_embedding = splits_embedding(plan)  # embedding_rows (off when deferred)
+        self.split_embedding = plan.splits_embedding  # embedding_rows (off when deferred)
         g = build_graph(workload, plan, cores, iterations=1,
                         first_delivery=not self.split_embedding)
         self.tpl = tpl = Template(g, task_owners(g, plan), self.rank)
@@ -293,7 +295,8 @@ class Engine:
             if (g.kind[ts] == Kind.ADAM).any()}
         self._done = (session.shared_tensor("done", tpl.n, torch.int64).numpy()
                       if session is not None else None)
-        self.window = Window(layouts, plan.window_slots, plan.grad_buffers, self.device, dtype)
+        self.window = Window(layouts, plan.window_slots, plan.grad_buffers, self.device, dtype,
+                             embedding_grad=self.runner.tied or not self.split_embedding)
         self.coll = (Collectives(self.window, R, self.rank, scatter, self.device, dtype)
                      if R > 1 else None)
         # what each layer's policy keeps: its entry sizes from one forward per distinct policy
@@ -311,10 +314,11 @@ class Engine:
         self.emb_rows = None
         self._embedding_delivered = False  # split embedding: a step delivers the next one's
         if self.split_embedding:
-            chunk = max(tpl.largest(Kind.ADAM), tpl.largest(Kind.D2H), tpl.largest(Kind.CAST))
+            rows_cast = int((g.elem_hi - g.elem_lo)[g.rows & (g.kind == Kind.CAST)].max())
             self.emb_rows = EmbeddingRows(
                 self.runner.vocab, self.runner.hidden, g.meta["embedding_rows_elems"] //
-                self.runner.hidden, chunk, local_workers, self.device, dtype)
+                self.runner.hidden, tpl.largest(Kind.ADAM), rows_cast, local_workers,
+                self.device, dtype, zero_grad=not self.runner.tied)
         names = tpl.agent_names
         self.streams = [torch.cuda.Stream(self.device) if self.cuda and tpl.is_gpu_agent[a]
                         else None for a in range(len(names))]
@@ -377,6 +381,7 @@ class Engine:
             self.emb_rows.begin_step(input_ids, st.ids)
             if not self._embedding_delivered:
                 self._deliver_embedding()
+            self._embedding_delivered = False  # until this step has delivered the next one's
         if self.cuda:
             torch.cuda.synchronize(self.device)  # boundary sync (see the module docstring)
             self.ev_ref.record()
@@ -399,11 +404,16 @@ class Engine:
                     break
                 if self.cuda:
                     torch.cuda.synchronize(self.device)
-        self._embedding_delivered = st.error is None  # this step delivered the next one's
         if st.error is not None:
+            if self.cuda:  # let the failed step's queued copies land before anything reuses
+                # their buffers (the next step's delivery, its staging chunk); the step's own
+                # error is the one to report
+                with suppress(Exception):
+                    torch.cuda.synchronize(self.device)
             raise st.error
         if self.cuda:
             torch.cuda.synchronize(self.device)
+        self._embedding_delivered = True
         loss, sqnorm = float(st.loss), float(self.sq[self.local_sq].double().sum())
         if self.session is None or self.session.local_rank == 0:
             self.host_state.steps += 1  # this step's update of every unit is done (rank 0: its own)
@@ -417,6 +427,11 @@ class Engine:
             channel_s=channel_busy_s(timeline),
             gpu_peak_bytes=torch.cuda.max_memory_reserved(self.device) if self.cuda else None,
             timeline=timeline, origin_s=t0)
+
+    def host_state_changed(self) -> None:
+        """The host state was written outside the steps: deliver the embedding again before the
+        next step (plan.embedding_rows; every other unit is delivered by each step anyway)."""
+        self._embedding_delivered = False
 
     def close(self) -> None:
         """Stop the workers and release pinned registrations (the HostState stays open)."""

@@ -9,7 +9,9 @@ Gradient buffers, indexed as the graph's BWD `buffer`:
     G          the embedding (with tied embeddings the head's weight gradient lands here too)
     G+1        final norm + LM head
 A unit's parameters are views of its slot with the unit's layout; nothing here is allocated after
-construction.
+construction. Without `embedding_grad` (an untied embedding whose update is split,
+plan.embedding_rows: its gradient lives in exec/embedding_rows.py's compact buffer) the
+embedding's gradient buffer is empty.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Window:
         grad_buffers: int,
         device: torch.device,
         dtype: torch.dtype,
+        embedding_grad: bool = True,
     ):
         numels = [lay.numel for lay in layouts]
         layer = max(numels[1:-1])
@@ -34,7 +37,7 @@ class Window:
         self.n_layers = len(layouts) - 2
         sizes = [layer] * window_slots + [numels[0], numels[-1]]
         self.slots = [torch.empty(n, device=device, dtype=dtype) for n in sizes]
-        gsizes = [layer] * grad_buffers + [numels[0], numels[-1]]
+        gsizes = [layer] * grad_buffers + [numels[0] if embedding_grad else 0, numels[-1]]
         self.grads = [torch.empty(n, device=device, dtype=dtype) for n in gsizes]
 
     def slot_index(self, unit: int) -> int:

@@ -116,14 +116,9 @@ def shard_ranges(n: int, parts: int) -> list[tuple[int, int]]:
 def grad_plans(wl: Workload, plan: Plan) -> list[list[tuple[int, int, int]]]:
     """Per unit, its gradient chunks as (update worker, lo, hi): one ADAM each. With
     embedding_rows the embedding's chunks are whole rows (its ADAMs save and restore rows)."""
-    align = wl.model.hidden if splits_embedding(plan) else 1
+    align = wl.model.hidden if plan.splits_embedding else 1
     return [grad_chunks(n, wl.gpus, plan, align if u == 0 else 1)
             for u, n in enumerate(wl.model.unit_params())]
-
-
-def splits_embedding(plan: Plan) -> bool:
-    """Whether the graph splits the embedding's update (plan.embedding_rows; off when deferred)."""
-    return plan.embedding_rows and not plan.defer_update
 
 
 def grad_chunks(n: int, R: int, plan: Plan, align: int = 1) -> list[tuple[int, int, int]]:
@@ -289,7 +284,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
 
     up_plans = [upload_plan(u) for u in range(len(units))]
     gr_plans = grad_plans(wl, plan)
-    rows_mode = splits_embedding(plan)  # module docstring, "embedding rows"
+    rows_mode = plan.splits_embedding  # module docstring, "embedding rows"
     # the rows tasks tile the capacity (the most rows a batch can look up); their work is the
     # expected share of it (`fill`), as the executor skips the rows past the batch's own
     rows_elems = row_capacity(wl) * m.hidden if rows_mode else 0

@@ -23,7 +23,7 @@ chunks per update worker, one FP32 and one zero chunk), and a runtime allowance 
 
 from __future__ import annotations
 
-from slidedp.graph.build import grad_ring_sizes, row_capacity, splits_embedding
+from slidedp.graph.build import grad_ring_sizes, row_capacity
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
@@ -50,13 +50,15 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
     return {
         "window": plan.window_slots * layer * 2,
         "resident": (units[0] + units[-1]) * 2,
-        "grad_buffers": plan.grad_buffers * layer * 2 + (units[0] + units[-1]) * 2,
+        # an untied embedding whose update is split keeps its gradient in the rows' buffer
+        "grad_buffers": plan.grad_buffers * layer * 2 + units[-1] * 2
+        + (0 if plan.splits_embedding and not m.tie_embeddings else units[0] * 2),
         "checkpoints": ckpt,
         "reload": plan.reload_ahead_layers * plan.offload_ratio * max(kept),
         "transient": wl.tokens_per_micro_batch * max(c.transient_bytes for c in costs.values()),
         "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
         "embedding_rows": (row_capacity(wl) * m.hidden * 2 + plan.h2d_chunk_mib * MIB
-                           if splits_embedding(plan) else 0.0),
+                           if plan.splits_embedding else 0.0),
         "runtime": GPU_RUNTIME_BYTES,
     }
 
@@ -73,8 +75,9 @@ def host_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
         "staging": plan.staging_chunks * plan.h2d_chunk_mib * MIB
         + sum(grad_ring_sizes(wl, plan).values()) * plan.d2h_chunk_mib * MIB,
         "act_offload": R * plan.offload_ratio * kept,
-        "embedding_rows": ((3 * plan.update_workers + 2) * plan.d2h_chunk_mib * MIB
-                           if splits_embedding(plan) else 0.0),
+        # saved rows (3 FP32 ADAM chunks per worker), the cast's rows, the untied zero gradient
+        "embedding_rows": ((3 * plan.update_workers + 1 + (not m.tie_embeddings))
+                           * plan.d2h_chunk_mib * MIB if plan.splits_embedding else 0.0),
         "runtime": R * HOST_RUNTIME_BYTES_PER_RANK,
     }
 

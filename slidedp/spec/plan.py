@@ -121,6 +121,11 @@ class Plan:
             raise SpecError(where, "layer_policies",
                             f"one policy per decoder layer ({n_layers}), got {len(self.layer_policies)}")
 
+    @property
+    def splits_embedding(self) -> bool:
+        """Whether the embedding's update is split (embedding_rows; off when deferred)."""
+        return self.embedding_rows and not self.defer_update
+
     def threads(self, cores: int) -> tuple[int, int]:
         """(cast threads, update threads) on a host with `cores` cores. Default: each team gets
         the cores left after a quarter for the agents' own threads (build.team_share). The two
