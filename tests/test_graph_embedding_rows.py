@@ -15,7 +15,6 @@ from strategies import small_plans, small_workloads
 from slidedp.graph import Kind, build_graph
 from slidedp.graph.build import looked_up_rows, row_capacity
 from slidedp.model.predict import predict
-from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import Plan
@@ -41,6 +40,11 @@ def test_rows_split_orders_the_embedding_update(wl, plan, join):
     emb_grad = (g.unit == 0) & np.isin(g.kind, [Kind.D2H, Kind.ADAM])
     assert np.all(g.elem_lo[emb_grad] % h == 0) and np.all(g.elem_hi[emb_grad] % h == 0)
     tied = wl.model.tie_embeddings
+    # rows tasks are numbered after the bulk's: one embedding task per (kind, rank, chunk) of an
+    # iteration after the first (whose start also delivers the embedding for itself)
+    emb = np.flatnonzero((g.unit == 0) & (g.chunk >= 0) & (g.iteration == 1))
+    keys = {(int(g.iteration[v]), int(g.kind[v]), int(g.rank[v]), int(g.chunk[v])) for v in emb}
+    assert len(keys) == len(emb)
     for t in range(2):
         it, emb = g.iteration == t, g.unit == 0
         adam = it & emb & (g.kind == Kind.ADAM)
@@ -120,12 +124,3 @@ def test_rows_shorten_a_gpu_bound_step(gpus, gb):
     whole = predict(hw, wl, Plan(window_slots=36))
     split = predict(hw, wl, Plan(window_slots=36, embedding_rows=True))
     assert split.step_time_s < whole.step_time_s - 0.02
-
-
-def test_the_executor_refuses_the_rows_split_with_several_ranks():
-    from slidedp.exec.adamw import AdamWConfig
-    from slidedp.exec.engine import Engine
-    cfg = dict(load_model("tiny-qwen3").config)
-    wl = Workload(load_model("tiny-qwen3"), 8, 2, 1, 2)
-    with pytest.raises(SpecError, match="embedding_rows"):
-        Engine(cfg, wl, Plan(embedding_rows=True), optimizer=AdamWConfig(lr=1e-3))

@@ -51,7 +51,7 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g.add_argument("--embedding-rows", action="store_true",
                    help="update the embedding in two parts, every row during the backward and "
                    "the looked-up rows after it, so that the step boundary carries only those "
-                   "(the executor runs it on one GPU so far; docs/embedding-rows.md)")
+                   "(docs/embedding-rows.md)")
 
 
 @dataclass(frozen=True)

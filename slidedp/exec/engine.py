@@ -208,10 +208,6 @@ class Engine:
         R = workload.gpus
         if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
             plan = replace(plan, defer_update=True)
-        if plan.splits_embedding and R > 1:
-            raise SpecError("plan", "embedding_rows", "false with several ranks: the executor "
-                            "splits the embedding's update on one GPU only so far "
-                            "(docs/embedding-rows.md)")
         if (session.world_size if session else 1) != R:
             raise SpecError("engine", "session", f"a DistSession of workload.gpus = {R} rank "
                             "processes (start them with slidedp.exec.dist.launch)")
@@ -444,16 +440,15 @@ class Engine:
         self.pool.close()
 
     def _deliver_embedding(self) -> None:
-        """The embedding into its slot, whole and synchronously, through a staging chunk: before
-        the first step of a split embedding (and after a failed step), whose steps each deliver
-        the next step's."""
+        """The embedding into this rank's slot, whole and synchronously, before the first step of
+        a split embedding (and after a failed step), whose steps each deliver the next step's.
+        Straight from the (pinned) host state, a staging-ring chunk at a time: the ring itself
+        is shared with the other ranks."""
         src = self.host_state.unit_copy(0) if self.plan.host_bf16_copy else \
             self.host_state.unit_master(0)
-        slot, stage = self.window.slot(0), self.rings.staging[0]
-        for lo in range(0, len(src), len(stage)):
-            hi = min(len(src), lo + len(stage))
-            stage[:hi - lo].copy_(src[lo:hi])
-            slot[lo:hi].copy_(stage[:hi - lo])
+        slot, step = self.window.slot(0), len(self.rings.staging[0])
+        for lo in range(0, len(src), step):
+            slot[lo:lo + step].copy_(src[lo:lo + step])
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
@@ -699,7 +694,12 @@ class Engine:
         self.coll.all_gather(int(self.tpl.g.unit[v]))
 
     def _run_reduce(self, st, v):
-        self.coll.reduce(int(self.tpl.g.unit[v]))
+        if self.tpl.g.rows[v]:
+            rows = self.emb_rows
+            self.coll.reduce_rows(rows.grad.view(-1), rows.n * rows.h, rows.h)
+            return
+        u = int(self.tpl.g.unit[v])
+        self.coll.reduce(u, self.runner.hidden if u == 0 and self.split_embedding else 1)
 
     def _run_d2h(self, st, v):
         u, lo, hi = self._range(v)

@@ -128,11 +128,15 @@ def grad_chunks(n: int, R: int, plan: Plan, align: int = 1) -> list[tuple[int, i
     scatter = plan.update_sharding == UpdateSharding.SHARDED and R > 1
     d2h_chunk = max(align, int(plan.d2h_chunk_mib * MIB) // GRAD_D2H_BYTES // align * align)
     chunks = []
-    shards = [(a * align, z * align) for a, z in shard_ranges(n // align, R)] if scatter else [(0, n)]
-    for p, (lo, hi) in enumerate(shards):
+    for p, (lo, hi) in enumerate(update_shards(n, R, align) if scatter else [(0, n)]):
         for k, (a, z) in enumerate(chunk_ranges(lo, hi, d2h_chunk)):
             chunks.append((p * plan.update_workers + k % plan.update_workers, a, z))
     return chunks
+
+
+def update_shards(n: int, R: int, align: int = 1) -> list[tuple[int, int]]:
+    """The R update shares of n elements (sharded update): shard_ranges in units of `align`."""
+    return [(a * align, z * align) for a, z in shard_ranges(n // align, R)]
 
 
 def row_capacity(wl: Workload) -> int:
@@ -393,6 +397,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
         adams = []
         gp = rows_gp if rows else gr_plans[u]
         n = rows_elems if rows else units[u]
+        k0 = len(gr_plans[0]) if rows else 0  # rows chunks are numbered after the bulk's
         scale = fill if rows else 1.0
         nbytes = n * GRAD_BYTES * scale
         red = -1
@@ -412,8 +417,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             downs = []
             for r in src_ranks:
                 i, prev = d2h_rings[(r, w)].take()
-                v = b.task(Kind.D2H, t, u, r, k, d2h[r], (hi - lo) * GRAD_D2H_BYTES * scale, lo, hi,
-                           buffer=i, rows=rows)
+                v = b.task(Kind.D2H, t, u, r, k0 + k, d2h[r], (hi - lo) * GRAD_D2H_BYTES * scale,
+                           lo, hi, buffer=i, rows=rows)
                 b.edge(red if red >= 0 else bwd[r], v, EdgeKind.DATA)
                 b.edges(prev, v, EdgeKind.BUFFER)
                 grad_readers[r].append(v)
@@ -423,13 +428,13 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             if len(downs) > 1:
                 # R - 1 additions, each reading two FP32 chunks and writing one (staging.host_sum),
                 # then the sum's squares for the gradient norm (one more read: engine._run_host_sum)
-                src = b.task(Kind.HOST_SUM, t, u, -1, k, update[w],
+                src = b.task(Kind.HOST_SUM, t, u, -1, k0 + k, update[w],
                              (hi - lo) * GRAD_D2H_BYTES * (3 * (len(downs) - 1) + 1) * scale,
                              lo, hi, threads=worker_threads, buffer=i, rows=rows)
                 for r, v, j in downs:
                     b.edge(v, src, EdgeKind.DATA)
                     d2h_rings[(r, w)].readers[j].append(src)
-            chunk = (u, k, w, lo, hi, src, d2h_rings[(r0, w)], i)
+            chunk = (u, k0 + k, w, lo, hi, src, d2h_rings[(r0, w)], i)
             if plan.defer_update:
                 pending.setdefault(u, []).append(chunk)
             else:
@@ -455,15 +460,16 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
         """The looked-up rows to every rank's embedding slot, after the rank's bulk delivery:
         per rank, the H2Ds the next step's EMBED_FWD waits on (besides the bulk delivery)."""
         h2ds = [[] for _ in range(R)]
+        k0 = sum(len(x) for x in up_plans[0])  # rows chunks are numbered after the bulk's
         for k, (_, lo, hi) in enumerate(rows_gp):
             i, prev = staging.take()
-            src = b.task(Kind.CAST, t, 0, -1, k, cast, (hi - lo) * fill, lo, hi,
+            src = b.task(Kind.CAST, t, 0, -1, k0 + k, cast, (hi - lo) * fill, lo, hi,
                          threads=cast_threads, buffer=i, rows=True)
             b.edges(prev, src, EdgeKind.BUFFER)
             _gate(src, lo, hi, rows_adams)
             for r in range(R):
-                v = b.task(Kind.H2D, t, 0, r, k, h2d[r], (hi - lo) * PARAM_BYTES * fill, lo, hi,
-                           buffer=W, rows=True)
+                v = b.task(Kind.H2D, t, 0, r, k0 + len(h2ds[r]), h2d[r],
+                           (hi - lo) * PARAM_BYTES * fill, lo, hi, buffer=W, rows=True)
                 b.edge(src, v, EdgeKind.DATA)
                 b.edges(bulk_ready[r], v, EdgeKind.BUFFER)
                 staging.readers[i].append(v)
@@ -618,7 +624,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
               "cast_share": team_share(cast_threads, cores),
               "update_share": team_share(worker_threads, cores),
               "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm,
-              "adam_writes_copy": plan.host_bf16_copy, "embedding_rows_elems": rows_elems},
+              "adam_writes_copy": plan.host_bf16_copy, "embedding_rows_elems": rows_elems,
+              "hidden": m.hidden},
     )
     return g
 

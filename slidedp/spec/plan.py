@@ -29,9 +29,8 @@ boundary (its gradient comes last, the next forward needs it first; method.md se
 row is updated during the backward with the gradient known before EMBED_BWD (the tied head's
 share, or zero when untied) while the rows the batch looked up keep their state, and only those
 rows are updated after EMBED_BWD and re-sent (graph/build.py, "embedding rows"). Ignored with
-defer_update. The executor runs it on one GPU (exec/embedding_rows.py) and refuses it with several
-ranks so far; the simulator and the analytic model predict it for any R (`--embedding-rows`;
-docs/embedding-rows.md).
+defer_update. The executor runs it (exec/embedding_rows.py), the simulator and the analytic model
+predict it (`--embedding-rows`; docs/embedding-rows.md); off by default until measured on a GPU.
 """
 
 from __future__ import annotations

@@ -12,8 +12,12 @@ completion; with gloo (CPU) the call returns when it is done.
                    rank 0 in place (rank 0's gradient buffer holds the sum). sharded:
                    reduce_scatter_tensor into a reserved buffer copied back over this rank's
                    shard of the gradient buffer (R divides the unit), else one reduce per shard
-                   to its owner. Either way D2H then reads the sum where it reads a gradient
-                   with one rank: window.grad(u)[lo:hi].
+                   to its owner (per whole-row share, align = hidden, for a split embedding's
+                   bulk: build.update_shards). Either way D2H then reads the sum where it reads
+                   a gradient with one rank: window.grad(u)[lo:hi].
+    reduce_rows(buf, n, align)  the embedding's looked-up rows (plan.embedding_rows): the first
+                   n elements of the compact gradient `buf`, the same rows on every rank; to
+                   rank 0, or each update share (whole rows) to its owner.
 NCCL sums BF16 gradients in BF16; the cpu gradient route sums them in FP32 on the host.
 """
 
@@ -23,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from slidedp.exec.window import Window
-from slidedp.graph.build import shard_ranges
+from slidedp.graph.build import shard_ranges, update_shards
 
 
 class Collectives:
@@ -44,11 +48,15 @@ class Collectives:
         for p, (lo, hi) in enumerate(shard_ranges(n, R)):
             dist.broadcast(slot[lo:hi], src=p)
 
-    def reduce(self, unit: int) -> None:
+    def reduce(self, unit: int, align: int = 1) -> None:
         grad = self.window.grad(unit)
         n, R = grad.numel(), self.R
         if not self.scatter:
             dist.reduce(grad, dst=0)
+            return
+        if align > 1:  # whole-row update shares (a split embedding's bulk)
+            for p, (lo, hi) in enumerate(update_shards(n, R, align)):
+                dist.reduce(grad[lo:hi], dst=p)
             return
         if n % R == 0:
             s = n // R
@@ -58,3 +66,11 @@ class Collectives:
             return
         for p, (lo, hi) in enumerate(shard_ranges(n, R)):
             dist.reduce(grad[lo:hi], dst=p)
+
+    def reduce_rows(self, buf: torch.Tensor, n: int, align: int) -> None:
+        if not self.scatter:
+            dist.reduce(buf[:n], dst=0)
+            return
+        for p, (lo, hi) in enumerate(update_shards(len(buf), self.R, align)):
+            if min(hi, n) > lo:
+                dist.reduce(buf[lo:min(hi, n)], dst=p)

@@ -10,7 +10,8 @@ the tasks it owns:
                         rank whose 1/R share of every unit (build.shard_ranges) the worker updates
     CAST                into the shared staging ring: process 0 with rank0; with sharded, the
                         process whose update share holds the chunk (the rank that updates a chunk
-                        also casts it)
+                        also casts it; the embedding's shares are whole rows when its update is
+                        split, and its looked-up rows are cast by the process that updated them)
 With update_sharding=sharded the graph's single cast agent cpu.cast0 is thus run by R processes,
 each walking the subsequence of the casts it owns (the graph does not model R cast workers yet).
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from slidedp.graph.build import shard_ranges
+from slidedp.graph.build import update_shards
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.plan import Plan
 
@@ -43,12 +44,18 @@ def task_owners(g: TaskGraph, plan: Plan) -> np.ndarray:
             owner[g.agent_tasks[a]] = w // plan.update_workers if scatter else 0
     kind = g.kind
     owner[(kind == Kind.ALLGATHER) | (kind == Kind.REDUCE)] = EVERY
+    hidden = g.meta.get("hidden", 1)
     for v in np.flatnonzero(kind == Kind.CAST).tolist():
         if not scatter:
             owner[v] = 0
             continue
-        shards = shard_ranges(g.unit_params[int(g.unit[v])], g.n_ranks)
-        lo = int(g.elem_lo[v])
+        u, lo = int(g.unit[v]), int(g.elem_lo[v])
+        if g.rows[v]:  # the looked-up rows: the process that updated them (the CAST's gate)
+            gates = g.edge_src[(g.edge_dst == v) & g.edge_gate]
+            owner[v] = owner[int(gates[0])]
+            continue
+        split = u == 0 and g.meta.get("embedding_rows_elems", 0) > 0  # whole-row shares
+        shards = update_shards(g.unit_params[u], g.n_ranks, hidden if split else 1)
         owner[v] = next(p for p, (a, z) in enumerate(shards) if a <= lo < z)
     return owner
 
