@@ -54,7 +54,11 @@ counters just before it). So the version gate I3 (next step's CAST/H2D of a unit
 step's ADAM of it) holds in every process, as do the cross-step reuses of buffers and counters.
 What it costs: the next step's first delivery is the embedding, whose gradient comes last, so it
 waits for the embedding's ADAM either way; only the ADAM tails of other units could have
-overlapped the next step's first deliveries.
+overlapped the next step's first deliveries. With plan.embedding_rows (exec/embedding_rows.py,
+docs/embedding-rows.md) each step delivers the NEXT step's embedding: every row during the
+backward, then the rows the batch looked up, the only part left on the boundary; the engine
+delivers it once itself before its first step and after a failed step (host_state_changed()
+after writing the host state between steps).
 
 Data: every process gets the same global batch; rank r computes rows [r P, (r+1) P) with
 P = accum_steps x micro_batch. Compute tasks cover all of a rank's micro-batches for their unit
