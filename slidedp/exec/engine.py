@@ -505,8 +505,7 @@ class Engine:
         dies); otherwise this rank failed: mark it in the status block, so every peer stops."""
         if self.session is None or isinstance(e, PeerFailure):
             return e
-        self.session.mark_dead_peers()
-        peer = self.session.peer_failure()
+        peer = self.session.settled_peer_failure()
         if peer is not None:
             return PeerFailure(peer)
         self.session.fail(f"{type(e).__name__}: {e}")

@@ -6,7 +6,8 @@ exposure_table  per stored case: C (GPU compute per step), H (the busiest host-s
 what_ifs        one case re-simulated with one thing changed: PCIe x2 (every link and host-side
                 cap), cores x2 (more threads for cast and update; the rate curves and DRAM stay),
                 global batch x2 (twice the accumulation), the other parameter or gradient route
-                (R > 1), the host BF16 copy flipped (the other way to feed the upload). Each row
+                (R > 1), the host BF16 copy flipped (the other way to feed the upload), the
+                embedding's split update flipped (plan.embedding_rows: the step tail). Each row
                 says the step-time change against the host-bound rule of method.md section 5:
                 removing delta_H of host work saves min(delta_H, H - C).
 """
@@ -82,6 +83,8 @@ def variants(hw: HardwareSpec, case: Case) -> dict[str, tuple[HardwareSpec, Case
         out[f"grad route {other_g}"] = (hw, replace(case, plan=replace(p, grad_route=other_g)))
     copy = "off" if p.host_bf16_copy else "on"
     out[f"host BF16 copy {copy}"] = (hw, replace(case, plan=replace(p, host_bf16_copy=not p.host_bf16_copy)))
+    rows = "off" if p.embedding_rows else "on"
+    out[f"embedding rows {rows}"] = (hw, replace(case, plan=replace(p, embedding_rows=not p.embedding_rows)))
     return out
 
 

@@ -16,6 +16,9 @@ Started in every process torchrun launched (RANK, WORLD_SIZE, LOCAL_RANK in the 
                   and leaves with os._exit(EXIT_PEER): a thread blocked in a collective cannot be
                   interrupted otherwise. A rank that failed itself is forced out after
                   FAIL_GRACE_S if its own teardown hangs.
+Blame: an error in this rank (the engine's tasks, or one leaving the `with` block) waits up to
+PEER_GRACE_S for a peer's failure to show (settled_peer_failure) before this rank takes the blame:
+a peer killed by a signal breaks this rank's collectives before /proc shows it gone.
 Timeouts: init_process_group and every collective use `timeout_s` (NCCL tears the process down
 on a timeout: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set); the engine's cross-process waits give
 up after timeout_s as well. Used as a context manager, an exception leaving the block marks this
@@ -44,6 +47,7 @@ RUNNING, FAILED, EXITED = 0, 1, 2
 MSG_BYTES = 512
 WATCHDOG_S = 0.1
 FAIL_GRACE_S = 10.0
+PEER_GRACE_S = 1.0  # an error waits this long for a peer's failure to show before taking the blame
 EXIT_FAILED, EXIT_PEER = 1, 3
 
 
@@ -156,6 +160,18 @@ class DistSession:
                 return f"rank {q} failed: {self._read_msg(q)}"
         return None
 
+    def settled_peer_failure(self, grace_s: float = PEER_GRACE_S) -> str | None:
+        """peer_failure(), waiting up to grace_s for one to show, marking dead peers meanwhile:
+        a peer killed by a signal closes its sockets (the error this rank is reporting) before its
+        process is gone from /proc, so without the wait this rank would blame itself."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            self.mark_dead_peers()
+            peer = self.peer_failure()
+            if peer is not None or time.monotonic() >= deadline:
+                return peer
+            time.sleep(WATCHDOG_S / 5)
+
     def mark_dead_peers(self) -> None:
         """Mark failed every running peer whose process is gone (killed, os._exit)."""
         R = self.world_size
@@ -213,8 +229,7 @@ class DistSession:
             self.close()
             return False
         if self._failed_at is None:  # not marked yet (the engine marks its own task failures)
-            self.mark_dead_peers()
-            peer = self.peer_failure()
+            peer = None if isinstance(exc, PeerFailure) else self.settled_peer_failure()
             if isinstance(exc, PeerFailure) or peer is not None:
                 self._exit(EXIT_PEER, f"stopping: {exc if isinstance(exc, PeerFailure) else peer}")
             self.fail(f"{exc_type.__name__}: {exc}")
