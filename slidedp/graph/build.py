@@ -66,7 +66,7 @@ from collections import Counter
 import numpy as np
 
 from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, Kind, TaskGraph
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
+from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding, team_cores
 from slidedp.spec.segments import keeps_beyond_input, policy_cost
 from slidedp.spec.workload import Workload
 
@@ -79,7 +79,7 @@ _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 def team_share(team_threads: float, cores: float) -> float:
     """Fraction of its threads' speed an OpenMP team of `team_threads` keeps on a host of `cores`:
-    min(1, usable / team_threads), usable = cores - cores // 4.
+    min(1, plan.team_cores(cores) / team_threads), team_cores = cores - cores // 4.
 
     The executor gives every CPU agent its own OpenMP team for the whole run (the cast agent
     cast_threads, each update worker update_threads / workers; engine._cpu_threads). An OpenMP op
@@ -95,8 +95,7 @@ def team_share(team_threads: float, cores: float) -> float:
     rule says x1.33. Teams beyond the cores do not slow each other while only one of them runs
     (with window = L the cast runs in the forward and the update in the backward).
     """
-    usable = max(1.0, cores - cores // 4)
-    return min(1.0, usable / team_threads) if team_threads > 0 else 1.0
+    return min(1.0, team_cores(int(cores)) / team_threads) if team_threads > 0 else 1.0
 
 
 def chunk_ranges(lo: int, hi: int, chunk_elems: int) -> list[tuple[int, int]]:

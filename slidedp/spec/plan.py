@@ -132,13 +132,18 @@ class Plan:
         update in the backward; where they overlap they share the cores. Measured on
         nvidia-h200-x2 (Qwen3-8B mb 4, window 36, one call): 24 + 24 threads 2.67 s, 16 + 16
         2.92 s, 8 + 24 (the split before) 3.11 s."""
-        usable = max(1, cores - cores // 4)
-        cast = self.cast_threads or usable
-        update = self.update_threads or usable
+        cast = self.cast_threads or team_cores(cores)
+        update = self.update_threads or team_cores(cores)
         return cast, update
 
     def with_overrides(self, **kw) -> Plan:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+def team_cores(cores: int) -> int:
+    """The cores a CPU team may use: all but a quarter, left to the agents' own threads (the GPU
+    agents' Python threads, the notifier, the communicator)."""
+    return max(1, cores - cores // 4)
 
 
 _ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
