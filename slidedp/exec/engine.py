@@ -446,8 +446,8 @@ class Engine:
     def _deliver_embedding(self) -> None:
         """The embedding into this rank's slot, whole and synchronously, before the first step of
         a split embedding (and after a failed step), whose steps each deliver the next step's.
-        Straight from the (pinned) host state, a staging-ring chunk at a time: the ring itself
-        is shared with the other ranks."""
+        Straight from the host state (pageable: a synchronous copy, once), a staging-ring chunk
+        at a time; not through the ring, which the other ranks share."""
         src = self.host_state.unit_copy(0) if self.plan.host_bf16_copy else \
             self.host_state.unit_master(0)
         slot, step = self.window.slot(0), len(self.rings.staging[0])
