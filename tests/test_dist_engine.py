@@ -48,6 +48,7 @@ from slidedp.spec.workload import Workload
 MIB = 2**20
 CFG = json.loads((Path(__file__).parents[1] / "slidedp/presets/models/tiny-qwen3.json").read_text())
 CFG = CFG | {"num_hidden_layers": 3}
+UNTIED = CFG | {"tie_word_embeddings": False}  # the combos named "...-untied"
 # layer-heavy: the shared state (12 B/param) dwarfs each rank's bounded buffers
 PSS_CFG = CFG | {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 16,
                  "head_dim": 64, "vocab_size": 256}
@@ -58,8 +59,10 @@ CLIP = 0.5  # below every step's gradient norm here: clips every step
 CLIPPED = ("replicated-gpu-rank0", "replicated-cpu-rank0", "sharded-gpu-sharded",
            "sharded-cpu-sharded")
 # the split embedding update: the rows reduced to rank 0 or per update share on the GPUs, or
-# summed on the host (with the BF16 host copy)
-ROWS = ("replicated-gpu-rank0", "sharded-gpu-sharded", "sharded-cpu-rank0")
+# summed on the host (with the BF16 host copy, or per update share); untied: a zero-gradient bulk
+ROWS = ("replicated-gpu-rank0", "sharded-gpu-sharded", "sharded-cpu-rank0",
+        "replicated-cpu-sharded")
+ROWS_UNTIED = ("sharded-gpu-sharded", "replicated-cpu-sharded")
 
 
 def _elems(n: int) -> float:
@@ -81,7 +84,13 @@ def combos() -> dict[str, Plan]:
         out[f"{name}-clip"] = replace(out[name], defer_update=True)
     for name in ROWS:  # the embedding's update split (plan.embedding_rows)
         out[f"{name}-rows"] = replace(out[name], embedding_rows=True)
+    for name in ROWS_UNTIED:
+        out[f"{name}-rows-untied"] = replace(out[name], embedding_rows=True)
     return out
+
+
+def config(name: str) -> dict:
+    return UNTIED if name.endswith("-untied") else CFG
 
 
 def optimizer(plan: Plan) -> AdamWConfig:
@@ -132,19 +141,21 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
         results: dict = {}
         for name, plan in combos().items():
             mode = "sync" if name == SYNC_COMBO else "overlap"
-            wl = workload(CFG, R)
+            cfg = config(name)
+            wl = workload(cfg, R)
             numels = wl.model.unit_params()
             hs = sess.host_state(numels, dtype if plan.host_bf16_copy else None,
-                                 init=lambda h: h.init_random(AutoConfig.for_model(**CFG), SEED))
+                                 init=lambda h, cfg=cfg: h.init_random(AutoConfig.for_model(**cfg),
+                                                                       SEED))
             seen: dict[tuple, str] = {}
 
             def probe(it, kind, unit, slot, seen=seen):
                 seen[(it, kind.name, unit)] = _digest(slot)
 
-            eng = Engine(CFG, wl, plan, optimizer=optimizer(plan), host_state=hs, session=sess,
+            eng = Engine(cfg, wl, plan, optimizer=optimizer(plan), host_state=hs, session=sess,
                          probe=probe, mode=mode, dtype=dtype)
             rec = {"loss": [], "norm": [], "records": [], "versions": []}
-            for ids, labels in batches(CFG, wl.global_batch):
+            for ids, labels in batches(cfg, wl.global_batch):
                 if rank == 0:  # between steps nothing updates the master
                     rec["versions"].append([_digest(hs.unit_master(u)) for u in range(len(numels))])
                 res = eng.step(ids, labels)
@@ -185,8 +196,8 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
 
 
 def _plain_torch(cfg, data, opt_cfg=OPT):
-    losses, _, init, final = plain_adamw(cfg, data, opt_cfg, SEED)
-    return losses, init, final
+    losses, norms, init, final = plain_adamw(cfg, data, opt_cfg, SEED)
+    return losses, init, final, norms
 
 
 def _one_process(cfg, ranks, data):
@@ -213,8 +224,11 @@ def _launch(R: int, out: Path, device: str, dtype: str = "float32"):
     rc = launch(R, [__file__, str(out), device, dtype], env=env, timeout_s=240)
     assert rc == 0, f"torchrun exited with {rc}"
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(R)]
-    data = batches(CFG, R * MICRO * ACCUM)
-    return R, ranks, _plain_torch(CFG, data), _one_process(CFG, R, data)
+    refs = {}
+    for cfg in (CFG, UNTIED):
+        data = batches(cfg, R * MICRO * ACCUM)
+        refs[id(cfg)] = (_plain_torch(cfg, data), _one_process(cfg, R, data))
+    return R, ranks, refs
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["R2", "R3"])
@@ -223,14 +237,18 @@ def run(request, tmp_path_factory):
 
 
 def test_every_route_matches_one_process_and_plain_adamw(run):
-    R, ranks, (ref_losses, init, ref_params), (one_losses, one_params) = run
-    clip_losses, _, clip_params = _plain_torch(CFG, batches(CFG, R * MICRO * ACCUM),
-                                               replace(OPT, grad_clip=CLIP))
+    R, ranks, refs_of = run
+    clip_losses, _, clip_params, _ = _plain_torch(CFG, batches(CFG, R * MICRO * ACCUM),
+                                                  replace(OPT, grad_clip=CLIP))
     for name, plan in combos().items():
+        (ref_losses, init, ref_params, ref_norms), (one_losses, one_params) = refs_of[id(config(name))]
         got = ranks[0][name]
         for r in range(1, R):
             assert ranks[r][name]["loss"] == got["loss"], f"{name}: ranks report different losses"
             assert ranks[r][name]["norm"] == got["norm"], f"{name}: ranks report different norms"
+        if not plan.defer_update:  # the unclipped norm of the global batch's gradient
+            for step, (norm, ref) in enumerate(zip(got["norm"], ref_norms, strict=True)):
+                assert norm == pytest.approx(ref, rel=1e-5), f"{name} step {step}: norm {norm} vs {ref}"
         refs = {"torch": (ref_losses, ref_params), "one process": (one_losses, one_params)}
         if plan.defer_update:
             refs = {"torch clip_grad_norm_": (clip_losses, clip_params)}
@@ -244,7 +262,7 @@ def test_every_route_matches_one_process_and_plain_adamw(run):
 
 
 def test_i1_same_version_on_every_rank(run):
-    R, ranks, _, _ = run
+    R, ranks, _ = run
     for name in combos():
         seen = [ranks[r][name]["seen"] for r in range(R)]
         versions = ranks[0][name]["versions"]
@@ -254,22 +272,24 @@ def test_i1_same_version_on_every_rank(run):
             assert d == versions[it][unit], f"{name}: {kind} t{it} u{unit} not version {it}"
 
 
-def _expected_per_unit(name: str, R: int, kind: Kind) -> dict[int, int]:
-    """Tasks of `kind` per unit in one iteration of the graph the engine runs."""
+def _expected_per_unit(name: str, R: int, kind: Kind) -> dict[int, list[int]]:
+    """Per unit, the chunk numbers of its `kind` tasks in one iteration of the graph the engine
+    runs (a collective's chunk is -1)."""
     plan = combos()[name]
-    g = build_graph(workload(CFG, R), plan, os.cpu_count() or 1, iterations=1,
+    g = build_graph(workload(config(name), R), plan, os.cpu_count() or 1, iterations=1,
                     first_delivery=not plan.splits_embedding)
-    counts: dict[int, int] = defaultdict(int)
+    chunks: dict[int, list[int]] = defaultdict(list)
     for v in np.flatnonzero(g.kind == int(kind)):
-        counts[int(g.unit[v])] += 1
-    return counts
+        chunks[int(g.unit[v])].append(int(g.chunk[v]))
+    return chunks
 
 
 def test_i2_one_aggregated_update_per_unit_and_iteration(run):
-    R, ranks, _, _ = run
+    R, ranks, _ = run
     for name, plan in combos().items():
         expected = _expected_per_unit(name, R, Kind.ADAM)
         collectives = _expected_per_unit(name, R, Kind.REDUCE)  # the split: bulk (tied) + rows
+        host_sums = _expected_per_unit(name, R, Kind.HOST_SUM)  # none for an untied bulk
         adams, sums, reduces = defaultdict(list), defaultdict(int), defaultdict(int)
         for r in range(R):
             for it, kind, unit, _rank, chunk, _s, _e in ranks[r][name]["records"]:
@@ -280,19 +300,21 @@ def test_i2_one_aggregated_update_per_unit_and_iteration(run):
                 elif kind == "REDUCE":
                     reduces[(it, unit)] += 1
         for it in range(STEPS):
-            for unit, n in expected.items():
-                assert sorted(adams[(it, unit)]) == list(range(n)), f"{name} t{it} u{unit}"
+            for unit, chunks in expected.items():
+                assert sorted(adams[(it, unit)]) == list(range(len(chunks))), f"{name} t{it} u{unit}"
                 if plan.grad_route == "cpu":
-                    assert all(sums[(it, unit, k)] == 1 for k in range(n)), name
+                    assert all(sums[(it, unit, k)] == 1 for k in host_sums[unit]), name
+                    assert sum(sums[(it, unit, k)] for k in range(len(chunks))) == len(
+                        host_sums[unit]), name
                 else:
-                    assert reduces[(it, unit)] == R * collectives[unit], (
+                    assert reduces[(it, unit)] == R * len(collectives[unit]), (
                         f"{name}: every rank reduces each of the unit's gradients once")
 
 
 def test_i3_no_delivery_before_the_previous_update(run):
     """(A split embedding is delivered for step t+1 during step t, after its update in t: I1
     checks what its slot holds at every step's EMBED_FWD.)"""
-    R, ranks, _, _ = run
+    R, ranks, _ = run
     for name, plan in combos().items():
         adam_end, deliver_start = defaultdict(float), defaultdict(lambda: float("inf"))
         for r in range(R):
@@ -327,7 +349,7 @@ def _check_pss(run) -> int:
     state: malloc arenas of a rank's threads and gloo buffers, independent of the model, varied
     between 27 and 98 MiB over runs on the 2-core CI machine; a copy of the state (185 MiB here,
     plus the rank's own buffers) still breaks it."""
-    R, ranks, _, _ = run
+    R, ranks, _ = run
     pss = [rk["pss"] for rk in ranks]
     state_kib, rings_kib = pss[0]["state_bytes"] / 1024, pss[0]["rings_bytes"] / 1024
     growth = sum(p["after"]["Pss"] - p["before"]["Pss"] for p in pss)
@@ -360,8 +382,9 @@ def test_cuda_two_ranks_every_route(tmp_path):
 @pytest.mark.gpu
 def test_cuda_two_ranks_bf16_tracks_fp32_reference(tmp_path):
     """BF16 slots, shared BF16 rings, NCCL BF16 reductions: losses near the FP32 reference."""
-    R, ranks, (ref_losses, _, _), _ = run = _launch(2, tmp_path, "cuda", "bfloat16")
+    R, ranks, refs_of = run = _launch(2, tmp_path, "cuda", "bfloat16")
     for name in combos():
+        ref_losses = refs_of[id(config(name))][0][0]
         for loss, ref in zip(ranks[0][name]["loss"], ref_losses, strict=True):
             assert abs(loss - ref) <= 3e-2, name
     test_i2_one_aggregated_update_per_unit_and_iteration(run)

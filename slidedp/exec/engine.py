@@ -739,7 +739,14 @@ class Engine:
 
     def _run_host_sum(self, st, v):
         _, lo, hi = self._range(v)
-        acc = self.rings.host_sum(self.tpl.worker[v], self.tpl.grad_src[v], hi - lo,
+        n = hi - lo
+        if self.tpl.g.rows[v]:  # this step's looked-up rows of the chunk (what the D2Hs copied)
+            j0, j1 = self.emb_rows.compact(lo, hi)
+            n = (j1 - j0) * self.emb_rows.h
+            if n == 0:
+                self.sq[self.tpl.norm_slot[v]] = 0.0
+                return
+        acc = self.rings.host_sum(self.tpl.worker[v], self.tpl.grad_src[v], n,
                                   in_place=self.plan.defer_update)
         self.sq[self.tpl.norm_slot[v]] = torch.dot(acc, acc)
 

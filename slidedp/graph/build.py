@@ -41,7 +41,8 @@ embedding rows  with plan.embedding_rows (and no defer_update) the embedding's u
               rows (row_capacity(wl) x hidden elements, the most a batch can look up; tasks
               flagged `rows`, ranges in that compact space, whole rows; their work scaled to the
               expected looked_up_rows(wl); the embedding's own gradient chunks are whole rows), which takes the usual gradient path (REDUCE / D2H / HOST_SUM ->
-              ADAM, after every bulk ADAM, CAST and H2D) -> CAST -> H2D to every rank
+              ADAM, after every bulk ADAM and every host-side reader of the bulk delivery: its
+              CASTs, or its H2Ds of the host copy) -> CAST -> H2D to every rank
               (after its bulk delivery: the rows overwrite their stale bulk copy). The next
               step's EMBED_FWD waits for its rank's bulk delivery and rows H2Ds instead of a
               delivery of its own (iteration 0 delivers the embedding at its start).
@@ -446,12 +447,14 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
 
     def zero_grad_updates(t: int, after: list) -> list[tuple[int, int, int]]:
         """The untied embedding's bulk: ADAMs with a zero gradient (nothing to download), after
-        the previous step's rows update and its readers (`after`)."""
+        the previous step's rows update and its readers (`after`), and after every rank's
+        EMBED_FWD (each rank's own first delivery of the embedding, the executor's, reads the
+        master before its first step: the bulk must not change it meanwhile)."""
         out = []
         for k, (w, lo, hi) in enumerate(gr_plans[0]):
             a = b.task(Kind.ADAM, t, 0, -1, k, update[w], hi - lo + round(bulk_extra * (hi - lo)),
                        lo, hi, threads=worker_threads)
-            b.edges([x for x, _, _ in after], a, EdgeKind.DATA)
+            b.edges([x for x, _, _ in after] + emb_fwd, a, EdgeKind.DATA)
             out.append((a, lo, hi))
         return out
 
@@ -578,8 +581,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             next_bulk = deliver(t, 0, ("embed",), W, True, gates=bulk)
             # the host-side readers of the bulk delivery: CASTs of the master, or with
             # host_bf16_copy the H2Ds of the copy, which the rows update rewrites
-            bulk_casts = [v for v in range(first, b.n)
-                          if b.cols["kind"][v] in (Kind.CAST, Kind.H2D)]
+            reader = Kind.H2D if plan.host_bf16_copy else Kind.CAST
+            bulk_casts = [v for v in range(first, b.n) if b.cols["kind"][v] == reader]
         emb_bwd = []
         for r in range(R):
             v = b.task(Kind.EMBED_BWD, t, 0, r, -1, compute[r], tokens * m.hidden * 2)
