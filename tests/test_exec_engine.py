@@ -116,10 +116,7 @@ def test_families_match_reference(family):
     _check_against_reference(CONFIGS[family], plan, micro_batch=2)
 
 
-def test_overlap_equals_sync_bit_for_bit():
-    cfg = CONFIGS["llama"]
-    plan = Plan(window_slots=2, h2d_chunk_mib=_elems(2500), d2h_chunk_mib=_elems(2500),
-                offload_ratio=0.5, update_workers=2, host_bf16_copy=True)
+def _check_overlap_equals_sync(cfg, plan):
     batches = _batches(cfg, 4)
     a, pa = _train(cfg, plan, batches, mode="overlap")
     b, pb = _train(cfg, plan, batches, mode="sync")
@@ -127,6 +124,12 @@ def test_overlap_equals_sync_bit_for_bit():
     assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
     keys = {(r.kind, r.unit, r.rank, r.chunk, r.agent) for r in a[0].timeline.records}
     assert keys == {(r.kind, r.unit, r.rank, r.chunk, r.agent) for r in b[0].timeline.records}
+
+
+def test_overlap_equals_sync_bit_for_bit():
+    _check_overlap_equals_sync(CONFIGS["llama"], Plan(
+        window_slots=2, h2d_chunk_mib=_elems(2500), d2h_chunk_mib=_elems(2500),
+        offload_ratio=0.5, update_workers=2, host_bf16_copy=True))
 
 
 CLIP_PLAN = "w2-chunks"  # several gradient chunks per unit and a two-chunk ring: deferral must
@@ -300,12 +303,7 @@ def test_embedding_rows_are_off_when_clipping():
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_embedding_rows_overlap_equals_sync_bit_for_bit(family):
-    cfg, plan = CONFIGS[family], ROWS_PLANS["rows-bf16copy-2workers"]
-    batches = _batches(cfg, 4)
-    a, pa = _train(cfg, plan, batches, mode="overlap")
-    b, pb = _train(cfg, plan, batches, mode="sync")
-    assert [r.loss for r in a] == [r.loss for r in b]
-    assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
+    _check_overlap_equals_sync(CONFIGS[family], ROWS_PLANS["rows-bf16copy-2workers"])
 
 
 def test_embedding_rows_redeliver_after_a_failed_step():

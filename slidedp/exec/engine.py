@@ -702,7 +702,7 @@ class Engine:
             self.coll.reduce_rows(rows.grad.view(-1), rows.n * rows.h, rows.h)
             return
         u = int(self.tpl.g.unit[v])
-        self.coll.reduce(u, self.runner.hidden if u == 0 and self.split_embedding else 1)
+        self.coll.reduce(u, self.tpl.g.meta["embedding_grad_align"] if u == 0 else 1)
 
     def _run_d2h(self, st, v):
         u, lo, hi = self._range(v)

@@ -40,7 +40,9 @@ embedding rows  with plan.embedding_rows (and no defer_update) the embedding's u
               HEAD_LOSS when tied). Rows: EMBED_BWD writes a compact gradient of the looked-up
               rows (row_capacity(wl) x hidden elements, the most a batch can look up; tasks
               flagged `rows`, ranges in that compact space, whole rows; their work scaled to the
-              expected looked_up_rows(wl); the embedding's own gradient chunks are whole rows), which takes the usual gradient path (REDUCE / D2H / HOST_SUM ->
+              expected looked_up_rows(wl); the embedding's own gradient chunks and update shares
+              are whole rows: meta["embedding_grad_align"]), which takes the usual gradient
+              path (REDUCE / D2H / HOST_SUM ->
               ADAM, after every bulk ADAM and every host-side reader of the bulk delivery: its
               CASTs, or its H2Ds of the host copy) -> CAST -> H2D to every rank
               (after its bulk delivery: the rows overwrite their stale bulk copy). The next
@@ -49,8 +51,9 @@ embedding rows  with plan.embedding_rows (and no defer_update) the embedding's u
 Edges: DATA along those arrows; the version gate I3 from ADAM(t, u, k) to the first delivery of
 unit u in t+1 that touches the same parameters (with embedding_rows, the embedding's gates run
 from the bulk ADAMs of t to the bulk delivery created in t, and from the rows ADAMs to the rows
-CASTs: same-iteration edges, as that delivery is the next step's); ORDER along each agent's issue order; BUFFER from
-the last readers of a slot / staging chunk / gradient buffer to the next writer; with
+CASTs: same-iteration edges, as that delivery is the next step's); ORDER along each agent's
+issue order; BUFFER from the last readers of a slot / staging chunk / gradient buffer to the next
+writer; with
 plan.step_join, JOIN from every agent's last task of step t to every agent's first of t+1.
 
 Buffers: decoder layers share `window_slots` GPU slots per rank (layer l uses slot (l-1) mod W in
@@ -360,13 +363,16 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             if alo < hi and lo < ahi:
                 b.edge(a, v, EdgeKind.DATA, gate=True)
 
-    def adam(t: int, u: int, k: int, w: int, lo: int, hi: int, src: int, ring: _Ring, i: int,
-             rows: bool = False, extra: int = 0):
+    def adam(t: int, u: int, k: int, w: int, lo: int, hi: int, src: int, ring: _Ring | None,
+             i: int, rows: bool = False, extra: int = 0):
         """ADAM of chunk k of unit u after `src`, its D2H or HOST_SUM, wrote it into slot i of
         `ring` (the sum stays in HOST_SUM's private accumulator unless the update is deferred);
-        `extra` elements of work beyond the chunk's (the embedding bulk's saved rows)."""
+        src = -1: no gradient comes (an untied embedding's bulk reads zeros). `extra` elements of
+        work beyond the chunk's (the embedding bulk's saved rows)."""
         a = b.task(Kind.ADAM, t, u, -1, k, update[w], hi - lo + extra, lo, hi,
                    threads=worker_threads, buffer=i, rows=rows)
+        if src < 0:
+            return a
         b.edge(src, a, EdgeKind.DATA)
         if plan.defer_update or b.cols["kind"][src] == Kind.D2H:
             ring.readers[i].append(a)
@@ -445,16 +451,15 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
                 readers[gbuf + (r,)] = grad_readers[r]
         return adams
 
-    def zero_grad_updates(t: int, after: list) -> list[tuple[int, int, int]]:
+    def zero_grad_updates(t: int, after: list[int]) -> list[tuple[int, int, int]]:
         """The untied embedding's bulk: ADAMs with a zero gradient (nothing to download), after
         the previous step's rows update and its readers (`after`), and after every rank's
         EMBED_FWD (each rank's own first delivery of the embedding, the executor's, reads the
         master before its first step: the bulk must not change it meanwhile)."""
         out = []
         for k, (w, lo, hi) in enumerate(gr_plans[0]):
-            a = b.task(Kind.ADAM, t, 0, -1, k, update[w], hi - lo + round(bulk_extra * (hi - lo)),
-                       lo, hi, threads=worker_threads)
-            b.edges([x for x, _, _ in after] + emb_fwd, a, EdgeKind.DATA)
+            a = adam(t, 0, k, w, lo, hi, -1, None, -1, extra=round(bulk_extra * (hi - lo)))
+            b.edges(after + emb_fwd, a, EdgeKind.DATA)
             out.append((a, lo, hi))
         return out
 
@@ -479,7 +484,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
         return h2ds
 
     next_emb: list[list[int]] | None = None  # rows mode: per rank, what EMBED_FWD of t+1 waits on
-    rows_prev: list[tuple[int, int, int]] = []  # rows mode: what the next step's bulk follows
+    rows_prev: list[int] = []  # rows mode: the tasks the next step's bulk follows
     for t in range(iterations):
         gated = t > 0
         new_adam: dict[int, list[tuple[int, int, int]]] = {}
@@ -535,7 +540,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
         if rows_mode and m.tie_embeddings:  # the head's share of every row, after HEAD_LOSS
             bulk = reduce_and_update(t, 0, head_tasks, None, extra=bulk_extra)
             for a, _, _ in bulk:
-                b.edges([x for x, _, _ in rows_prev], a, EdgeKind.DATA)
+                b.edges(rows_prev, a, EdgeKind.DATA)
         # ---- backward
         bwd_tasks = [[-1] * (L + 2) for _ in range(R)]
         for layer in range(L, 0, -1):
@@ -599,9 +604,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             next_emb = [next_bulk[r] + rows_ready[r] for r in range(R)]
             # what the next bulk must not overtake: the rows update, and whatever read the
             # host state it changes (the rows' CASTs; the bulk's CASTs or copy H2Ds)
-            rows_prev = rows_adams + [(v, -1, -1) for v in range(first, b.n)
-                                      if b.cols["kind"][v] == Kind.CAST] + [
-                (v, -1, -1) for v in bulk_casts]
+            rows_prev = [a for a, _, _ in rows_adams] + bulk_casts + [
+                v for v in range(first, b.n) if b.cols["kind"][v] == Kind.CAST]
         else:
             new_adam[0] = reduce_and_update(t, 0, emb_bwd, None)
         prev_adam = deferred_updates(t) if plan.defer_update else new_adam
@@ -627,7 +631,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
               "update_share": team_share(worker_threads, cores),
               "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm,
               "adam_writes_copy": plan.host_bf16_copy, "embedding_rows_elems": rows_elems,
-              "hidden": m.hidden},
+              "embedding_grad_align": m.hidden if rows_mode else 1},
     )
     return g
 

@@ -54,23 +54,23 @@ class Collectives:
         if not self.scatter:
             dist.reduce(grad, dst=0)
             return
-        if align > 1:  # whole-row update shares (a split embedding's bulk)
-            for p, (lo, hi) in enumerate(update_shards(n, R, align)):
-                dist.reduce(grad[lo:hi], dst=p)
-            return
-        if n % R == 0:
+        if n % R == 0 and align == 1:
             s = n // R
             out = self.scatter_out[:s]
             dist.reduce_scatter_tensor(out, grad)
             grad[self.rank * s:(self.rank + 1) * s].copy_(out)
             return
-        for p, (lo, hi) in enumerate(shard_ranges(n, R)):
-            dist.reduce(grad[lo:hi], dst=p)
+        _reduce_shares(grad, update_shards(n, R, align))  # (whole rows: a split embedding's bulk)
 
     def reduce_rows(self, buf: torch.Tensor, n: int, align: int) -> None:
         if not self.scatter:
             dist.reduce(buf[:n], dst=0)
             return
-        for p, (lo, hi) in enumerate(update_shards(len(buf), self.R, align)):
-            if min(hi, n) > lo:
-                dist.reduce(buf[lo:min(hi, n)], dst=p)
+        _reduce_shares(buf, [(lo, min(hi, n)) for lo, hi in update_shards(len(buf), self.R, align)])
+
+
+def _reduce_shares(buf: torch.Tensor, shares: list[tuple[int, int]]) -> None:
+    """Share p of buf, [lo, hi), summed into rank p's buffer (empty shares skipped)."""
+    for p, (lo, hi) in enumerate(shares):
+        if hi > lo:
+            dist.reduce(buf[lo:hi], dst=p)

@@ -44,7 +44,6 @@ def task_owners(g: TaskGraph, plan: Plan) -> np.ndarray:
             owner[g.agent_tasks[a]] = w // plan.update_workers if scatter else 0
     kind = g.kind
     owner[(kind == Kind.ALLGATHER) | (kind == Kind.REDUCE)] = EVERY
-    hidden = g.meta.get("hidden", 1)
     for v in np.flatnonzero(kind == Kind.CAST).tolist():
         if not scatter:
             owner[v] = 0
@@ -54,8 +53,8 @@ def task_owners(g: TaskGraph, plan: Plan) -> np.ndarray:
             gates = g.edge_src[(g.edge_dst == v) & g.edge_gate]
             owner[v] = owner[int(gates[0])]
             continue
-        split = u == 0 and g.meta.get("embedding_rows_elems", 0) > 0  # whole-row shares
-        shards = update_shards(g.unit_params[u], g.n_ranks, hidden if split else 1)
+        align = g.meta.get("embedding_grad_align", 1) if u == 0 else 1  # whole-row shares
+        shards = update_shards(g.unit_params[u], g.n_ranks, align)
         owner[v] = next(p for p, (a, z) in enumerate(shards) if a <= lo < z)
     return owner
 
