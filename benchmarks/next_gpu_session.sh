@@ -9,8 +9,9 @@
 #   bash benchmarks/next_gpu_session.sh 8b-gb32 OUT   # nvidia-h200-x2: Qwen3-8B strong scaling at
 #                                                      #   global batch 32, R=2 routes at 16:4
 #   bash benchmarks/next_gpu_session.sh loss OUT      # any H200: 200-step BF16 loss vs resident
-#   bash benchmarks/next_gpu_session.sh h200 OUT      # nvidia-h200: profile v3 + the 4B cases again,
-#                                                      #   with and without embedding_rows
+#   bash benchmarks/next_gpu_session.sh h200 OUT      # nvidia-h200: profile + the 4B GPU-bound cases
+#                                                      #   with and without embedding_rows, then the
+#                                                      #   validation cases of cases-h200-4b.toml
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
 # a few; tar anything larger), then import with `slidedp validate --import-results`.
@@ -47,13 +48,16 @@ x2)  # nvidia-h200-x2, one call: profile, Qwen3-8B R = 1 (reference, weak/strong
 loss)
     python3 benchmarks/loss_vs_resident.py "$OUT/loss-vs-resident.json" --model qwen3-0.6b \
         --steps 200 --seq 1024 --micro-batch 2 --accum 2 ;;
-h200)
+h200)  # nvidia-h200, one call: profile v3, the 4B GPU-bound batches with and without
+    # embedding_rows beside the references (issue 4), then the host-bound / two-chunk validation
+    # cases on the profile just measured (issue 6)
     python3 -m slidedp.cli profile --out "$OUT/h200-profile-v3.toml" --base h200x1 \
-        --model qwen3-4b --micro-batch 1 4 6 8 --quick --name h200-profile-v3
+        --model qwen3-4b --micro-batch 1 2 4 6 8 --quick --name "h200-profile-$(date +%H%M)"
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b.jsonl" qwen3-4b ref:6 ref:8 \
-        "4:4:$G:window_slots=36" "6:6:$G:window_slots=36" "6:6:$G:window_slots=36:embedding_rows=true" \
-        "8:8:$G:window_slots=36" "8:8:$G:window_slots=36:embedding_rows=true" \
-        "16:8:$G:window_slots=36" --iters 8 --discard 3 ;;
+        "6:6:$G:window_slots=36" "6:6:$G:window_slots=36:embedding_rows=true" \
+        "8:8:$G:window_slots=36" "8:8:$G:window_slots=36:embedding_rows=true" --iters 8 --discard 3
+    python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-v3.toml" \
+        --cases validation/cases-h200-4b.toml --machine nvidia-h200 --out "$OUT/val" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
     # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
