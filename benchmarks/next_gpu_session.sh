@@ -12,6 +12,10 @@
 #   bash benchmarks/next_gpu_session.sh h200 OUT      # nvidia-h200: profile + the 4B GPU-bound cases
 #                                                      #   with and without embedding_rows, then the
 #                                                      #   validation cases of cases-h200-4b.toml
+#   bash benchmarks/next_gpu_session.sh h200-rows OUT # nvidia-h200: 4B mb 4-8, embedding_rows with the
+#                                                      #   tied bulk spread over the backward; loss run
+#   bash benchmarks/next_gpu_session.sh x2-val OUT    # nvidia-h200-x2: profile, the 8B validation cases,
+#                                                      #   8B embedding_rows on / off at R = 1 and 2
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
 # a few; tar anything larger), then import with `slidedp validate --import-results`.
@@ -58,12 +62,33 @@ h200)  # nvidia-h200, one call: profile v3, the 4B GPU-bound batches with and wi
         "8:8:$G:window_slots=36" "8:8:$G:window_slots=36:embedding_rows=true" --iters 8 --discard 3
     python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-v3.toml" \
         --cases validation/cases-h200-4b.toml --machine nvidia-h200 --out "$OUT/val" ;;
+h200-x2-val)  # nvidia-h200-x2, one call: profile, the 8B validation cases (host-bound and GPU-bound,
+    # both routes of each kind, 64 and 256 MiB chunks, 1 and 2 GPUs; issue 6), then 8B (untied)
+    # with and without embedding_rows beside the reference, R = 1 and R = 2
+    python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
+        --model qwen3-8b --micro-batch 1 4 --quick --name "h200x2-profile-$(date +%H%M)"
+    python3 -m slidedp.cli validate --hardware "$OUT/h200x2-profile.toml" \
+        --cases validation/cases-h200x2-8b.toml --machine nvidia-h200-x2 --out "$OUT/val"
+    python3 benchmarks/multi_gpu.py "$OUT/8b-rows-r1.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
+        "4:4:$G:window_slots=36:embedding_rows=true" --iters 6 --discard 3
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
+        "$OUT/8b-rows-r2.jsonl" qwen3-8b "16:4:$G:window_slots=36" \
+        "16:4:$G:window_slots=36:embedding_rows=true" --iters 5 --discard 2 ;;
+rows)  # nvidia-h200, one call: the 4B smallest GPU-bound micro-batch with the tied bulk
+    # spread over the backward (embedding_rows), beside the references, and the 200-step loss run
+    python3 benchmarks/multi_gpu.py "$OUT/h200-4b-rows.jsonl" qwen3-4b ref:4 ref:5 ref:6 ref:8 \
+        "4:4:$G:window_slots=36:embedding_rows=true" "5:5:$G:window_slots=36" \
+        "5:5:$G:window_slots=36:embedding_rows=true" "6:6:$G:window_slots=36" \
+        "6:6:$G:window_slots=36:embedding_rows=true" "8:8:$G:window_slots=36:embedding_rows=true" \
+        --iters 8 --discard 3
+    python3 benchmarks/loss_vs_resident.py "$OUT/loss-vs-resident.json" --model qwen3-0.6b \
+        --steps 200 --seq 1024 --micro-batch 2 --accum 2 ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
     # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
         "4:4:$G:window_slots=36:embedding_rows=true" "16:4:$G:window_slots=36" \
         "16:4:$G:window_slots=36:embedding_rows=true" --iters 6 --discard 3 ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|rows OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|rows OUT" >&2
     exit 2 ;;
 esac

@@ -210,11 +210,12 @@ def test_unsupported_inputs_rejected():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["overlap", "sync"])
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
 @pytest.mark.parametrize("plan_name", list(PLANS))
-def test_cuda_fp32_matches_reference(plan_name, mode):
+def test_cuda_fp32_matches_reference(plan_name, family, mode):
     """Streams, events and pinned copies in FP32 on the GPU: same tolerances as on the CPU."""
     plan, micro_batch = PLANS[plan_name]
-    results = _check_against_reference(CONFIGS["qwen3"], plan, micro_batch, device="cuda",
+    results = _check_against_reference(CONFIGS[family], plan, micro_batch, device="cuda",
                                        mode=mode)
     assert results[-1].gpu_peak_bytes > 0
     recs = results[-1].timeline.records

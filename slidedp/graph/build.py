@@ -64,6 +64,7 @@ sizes are grad_ring_sizes (with defer_update the rings the ADAMs read hold a who
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
@@ -400,7 +401,13 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
         """Gradient path of unit u once every rank's backward of it is done: its ADAMs, or none
         with defer_update (the chunks wait in `pending`). rows: the embedding's looked-up rows
         (compact space); extra: work per element added to each ADAM (the bulk's saved rows)."""
-        adams = []
+        return [a for a in gradient_path(t, u, bwd, gbuf, rows, extra) if a is not None]
+
+    def gradient_path(t: int, u: int, bwd: list[int], gbuf: tuple | None, rows: bool,
+                      extra: float):
+        """reduce_and_update's tasks, issued lazily: yields after each chunk's tasks (its ADAM
+        as (task, lo, hi), or None when deferred), so that a caller can interleave a unit's
+        chunks with other units' in the agents' issue order."""
         gp = rows_gp if rows else gr_plans[u]
         n = rows_elems if rows else units[u]
         k0 = len(gr_plans[0]) if rows else 0  # rows chunks are numbered after the bulk's
@@ -443,13 +450,13 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             chunk = (u, k0 + k, w, lo, hi, src, d2h_rings[(r0, w)], i)
             if plan.defer_update:
                 pending.setdefault(u, []).append(chunk)
+                yield None
             else:
                 work_extra = round((extra + scale - 1.0) * (hi - lo))
-                adams.append((adam(t, *chunk, rows=rows, extra=work_extra), lo, hi))
+                yield adam(t, *chunk, rows=rows, extra=work_extra), lo, hi
         if gbuf is not None:
             for r in range(R):
                 readers[gbuf + (r,)] = grad_readers[r]
-        return adams
 
     def zero_grad_updates(t: int, after: list[int]) -> list[tuple[int, int, int]]:
         """The untied embedding's bulk: ADAMs with a zero gradient (nothing to download), after
@@ -537,10 +544,17 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             head_tasks.append(v)
             readers[("head", r)] = [v]
         new_adam[head_u] = reduce_and_update(t, head_u, head_tasks, None)
-        if rows_mode and m.tie_embeddings:  # the head's share of every row, after HEAD_LOSS
-            bulk = reduce_and_update(t, 0, head_tasks, None, extra=bulk_extra)
-            for a, _, _ in bulk:
-                b.edges(rows_prev, a, EdgeKind.DATA)
+        # tied with embedding_rows: the head's share of every row, after HEAD_LOSS, its chunks
+        # spread over the backward (a few after each layer's), so that the update workers and
+        # the download ring never stall the backward on the whole bulk at once
+        bulk_path = (gradient_path(t, 0, head_tasks, None, False, bulk_extra)
+                     if rows_mode and m.tie_embeddings else iter(()))
+        bulk_per_layer = -(-len(gr_plans[0]) // L)
+
+        def spread_bulk(n: int | None, path=bulk_path, out=bulk, after=rows_prev):
+            for a, lo, hi in itertools.islice(path, n):
+                b.edges(after, a, EdgeKind.DATA)
+                out.append((a, lo, hi))
         # ---- backward
         bwd_tasks = [[-1] * (L + 2) for _ in range(R)]
         for layer in range(L, 0, -1):
@@ -579,6 +593,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
                 readers[("slot", (layer - 1) % W, r)] = [v]
             new_adam[layer] = reduce_and_update(
                 t, layer, [bwd_tasks[r][layer] for r in range(R)], ("grad", layer % plan.grad_buffers))
+            spread_bulk(bulk_per_layer)
+        spread_bulk(None)
         if rows_mode:  # the next step's embedding, after its readers in this step
             for r in range(R):
                 readers[("embed", r)] = [head_tasks[r] if m.tie_embeddings else emb_fwd[r]]
