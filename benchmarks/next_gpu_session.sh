@@ -62,7 +62,7 @@ h200)  # nvidia-h200, one call: profile v3, the 4B GPU-bound batches with and wi
         "8:8:$G:window_slots=36" "8:8:$G:window_slots=36:embedding_rows=true" --iters 8 --discard 3
     python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-v3.toml" \
         --cases validation/cases-h200-4b.toml --machine nvidia-h200 --out "$OUT/val" ;;
-h200-x2-val)  # nvidia-h200-x2, one call: profile, the 8B validation cases (host-bound and GPU-bound,
+x2-val)  # nvidia-h200-x2, one call: profile, the 8B validation cases (host-bound and GPU-bound,
     # both routes of each kind, 64 and 256 MiB chunks, 1 and 2 GPUs; issue 6), then 8B (untied)
     # with and without embedding_rows beside the reference, R = 1 and R = 2
     python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
@@ -74,7 +74,7 @@ h200-x2-val)  # nvidia-h200-x2, one call: profile, the 8B validation cases (host
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
         "$OUT/8b-rows-r2.jsonl" qwen3-8b "16:4:$G:window_slots=36" \
         "16:4:$G:window_slots=36:embedding_rows=true" --iters 5 --discard 2 ;;
-rows)  # nvidia-h200, one call: the 4B smallest GPU-bound micro-batch with the tied bulk
+h200-rows)  # nvidia-h200, one call: the 4B smallest GPU-bound micro-batch with the tied bulk
     # spread over the backward (embedding_rows), beside the references, and the 200-step loss run
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b-rows.jsonl" qwen3-4b ref:4 ref:5 ref:6 ref:8 \
         "4:4:$G:window_slots=36:embedding_rows=true" "5:5:$G:window_slots=36" \
