@@ -97,8 +97,10 @@ def test_import_writes_the_stored_cases(tmp_path):
     names = [f.name for f in store.stored_cases(out)]
     # 3 + 8 measured rows of the morning 8B runs, 6 of the morning 4B run; 6 of the afternoon
     # 4B run, 6 + 9 of the afternoon 8B runs (plan overrides: window, threads), 5 + 2 of the
-    # 16:21 8B call, 3 + 2 (16:35 8B), 2 + 1 (16:41 14B), 1 + 4 (16:48 8B)
-    assert len(names) == 58
+    # 16:21 8B call, 3 + 2 (16:35 8B), 2 + 1 (16:41 14B), 1 + 4 (16:48 8B), 2 of 4 (18:50 4B:
+    # `skip` leaves out its two rows cases), 6 (19:03 4B), 2 (19:17 8B)
+    assert len(names) == 68
+    assert not any(n.startswith("h200-1850-") and n.endswith("-rows") for n in names)
     assert "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32" in names
     # ran_threads: the folder keeps the requested plan's name, the stored plan what ran
     raced = out / "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32"
@@ -124,7 +126,7 @@ def test_import_writes_the_stored_cases(tmp_path):
     assert four_b["hardware"]["preset"] == "h200x1"
     summary = (out / store.SUMMARY_MD).read_text()
     assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
-    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 59
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 69
 
 
 def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):
@@ -200,12 +202,14 @@ def test_case_spec_reads_a_plan_file(tmp_path):
         parse_case_spec(f"8:2:plan={tmp_path / 'missing.toml'}")
 
 
-def test_import_refuses_ran_threads_of_no_case(tmp_path):
+@pytest.mark.parametrize("field, given", [
+    ("ran_threads", 'ran_threads = {default = [12, 12], "4:4:nosuchcase" = [1, 1]}'),
+    ("skip", 'ran_threads = {default = [12, 12]}\nskip = ["4:4:nosuchcase"]')])
+def test_import_refuses_case_strings_of_no_case(tmp_path, field, given):
     (tmp_path / "validation").mkdir()
     text = (VALIDATION / "imports.toml").read_text().replace(
-        'ran_threads = {default = [12, 12]}',
-        'ran_threads = {default = [12, 12], "4:4:nosuchcase" = [1, 1]}')
+        'ran_threads = {default = [12, 12]}', given, 1)
     (tmp_path / "validation" / "imports.toml").write_text(text)
     shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
-    with pytest.raises(SpecError, match="ran_threads.4:4:nosuchcase"):
+    with pytest.raises(SpecError, match=f"{field}.4:4:nosuchcase"):
         import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")
