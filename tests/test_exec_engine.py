@@ -57,8 +57,8 @@ def _batches(cfg, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _reference(cfg, batches, opt_cfg=OPT):
-    return plain_adamw(cfg, batches, opt_cfg, SEED)
+def _reference(cfg, batches, opt_cfg=OPT, device="cpu"):
+    return plain_adamw(cfg, batches, opt_cfg, SEED, device)
 
 
 def _train(cfg, plan: Plan, batches, mode="overlap", micro_batch=2, device="cpu",
@@ -79,7 +79,7 @@ def _train(cfg, plan: Plan, batches, mode="overlap", micro_batch=2, device="cpu"
 def _check_against_reference(cfg, plan, micro_batch, batch=4, device="cpu", mode="overlap",
                              opt=OPT, batches=None):
     batches = batches or _batches(cfg, batch)
-    ref_losses, ref_norms, init, ref_params = _reference(cfg, batches, opt)
+    ref_losses, ref_norms, init, ref_params = _reference(cfg, batches, opt, device)
     results, params = _train(cfg, plan, batches, micro_batch=micro_batch, device=device, mode=mode,
                              opt=opt)
     for r, loss, norm in zip(results, ref_losses, ref_norms, strict=True):
