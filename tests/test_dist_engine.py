@@ -195,20 +195,21 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
 # ---- references (this process) -------------------------------------------------------------------
 
 
-def _plain_torch(cfg, data, opt_cfg=OPT):
-    losses, norms, init, final = plain_adamw(cfg, data, opt_cfg, SEED)
+def _plain_torch(cfg, data, opt_cfg=OPT, device="cpu"):
+    losses, norms, init, final = plain_adamw(cfg, data, opt_cfg, SEED, device)
     return losses, init, final, norms
 
 
-def _one_process(cfg, ranks, data):
-    """The single-process engine with R times the micro-batches (same global batch)."""
+def _one_process(cfg, ranks, data, device="cpu"):
+    """The single-process engine with R times the micro-batches (same global batch), on the
+    ranks' device (a GPU run is compared with references computed by the same kernels)."""
     from transformers import AutoConfig
 
     from slidedp.exec.engine import Engine
 
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=ranks * MICRO * ACCUM,
                   micro_batch=MICRO, gpus=1)
-    eng = Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT)
+    eng = Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT, device=device)
     try:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         res = [eng.step(ids, labels) for ids, labels in data]
@@ -225,9 +226,13 @@ def _launch(R: int, out: Path, device: str, dtype: str = "float32"):
     assert rc == 0, f"torchrun exited with {rc}"
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(R)]
     refs = {}
+    ref_device = device if dtype == "float32" else "cpu"
     for cfg in (CFG, UNTIED):
         data = batches(cfg, R * MICRO * ACCUM)
-        refs[id(cfg)] = (_plain_torch(cfg, data), _one_process(cfg, R, data))
+        refs[id(cfg)] = (_plain_torch(cfg, data, device=ref_device),
+                         _one_process(cfg, R, data, ref_device))
+    refs["clip"] = _plain_torch(CFG, batches(CFG, R * MICRO * ACCUM), replace(OPT, grad_clip=CLIP),
+                                ref_device)
     return R, ranks, refs
 
 
@@ -238,8 +243,7 @@ def run(request, tmp_path_factory):
 
 def test_every_route_matches_one_process_and_plain_adamw(run):
     R, ranks, refs_of = run
-    clip_losses, _, clip_params, _ = _plain_torch(CFG, batches(CFG, R * MICRO * ACCUM),
-                                                  replace(OPT, grad_clip=CLIP))
+    clip_losses, _, clip_params, _ = refs_of["clip"]
     for name, plan in combos().items():
         (ref_losses, init, ref_params, ref_norms), (one_losses, one_params) = refs_of[id(config(name))]
         got = ranks[0][name]
