@@ -21,13 +21,14 @@ Durations are each task alone on its agent at the full rate of its resources (no
                           BF16 copy from the updated master, a cast pass of its chunk by the
                           update worker's team (engine._run_adam): + elements / (cast rate x
                           share) and the cast's DRAM bytes
-  HOST_SUM                bytes / host DRAM rate
+  HOST_SUM                bytes / host DRAM rate (dram_bps)
   ALLGATHER, REDUCE       the fabric's collective time (ring bytes / bus rate + latency)
 Resources (each with a capacity per second; the analytic lower bound sums work over them, the
 simulator shares them between concurrent tasks):
   gpu{r}.compute (seconds), gpu{r}.h2d, gpu{r}.d2h (bytes, per-GPU link per direction),
   gpu{r}.duplex (bytes, both directions), host.h2d, host.d2h, host.pcie (bytes, all GPUs:
-  the host-side caps), host.dram (bytes), host.cores (core-seconds), fabric (seconds;
+  the host-side caps), host.dram (bytes; dram_bps: what the graph's largest CPU team reaches,
+  HostSpec.team_dram_bps), host.cores (core-seconds), fabric (seconds;
   on a `pcie` fabric collectives also load each GPU's PCIe links and, since peer traffic
   crosses the root complex, the host-side all-GPU cap host.pcie).
 """
@@ -71,6 +72,17 @@ def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
         f = m.layer_flops_per_token(wl.seq_len)
         per_mb = {k: f[k] * wl.tokens_per_micro_batch / rate for k in ("fwd", "bwd")}
     return {k: v * wl.accum_steps for k, v in per_mb.items()}
+
+
+def dram_bps(g: TaskGraph, hw: HardwareSpec) -> float:
+    """The host DRAM cap of this graph: HostSpec.team_dram_bps at its largest CPU team (the
+    cast team or one update worker's, at most the cores); the full dram_bps for graphs built
+    without team sizes."""
+    if "cast_threads" not in g.meta:
+        return hw.host.dram_bps
+    workers = max(1, int(g.meta.get("update_workers", 1)))
+    team = max(g.meta["cast_threads"], g.meta["update_threads"] / workers)
+    return hw.host.team_dram_bps(min(team, hw.host.cores))
 
 
 def task_core_share(g: TaskGraph) -> np.ndarray:
@@ -120,7 +132,7 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
         d[idx] = work[idx] / rates
         if g.meta.get("adam_writes_copy"):
             d[idx] += cast_s(idx)
-    d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / hw.host.dram_bps
+    d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / dram_bps(g, hw)
     for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
         d[v] = hw.fabric.collective_s(COLLECTIVE_OPS[g.op[v]], work[v], g.n_ranks)
     return d
@@ -149,7 +161,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
     for r in range(R):
         cap[f"gpu{r}.h2d"], cap[f"gpu{r}.d2h"], cap[f"gpu{r}.duplex"] = p.h2d_bps, p.d2h_bps, p.duplex_bps
     cap.update({"host.h2d": p.all_h2d_bps, "host.d2h": p.all_d2h_bps, "host.pcie": p.all_total_bps,
-                "host.dram": h.dram_bps, "host.cores": float(h.cores), "fabric": 1.0})
+                "host.dram": dram_bps(g, hw), "host.cores": float(h.cores), "fabric": 1.0})
     pcie_fabric = hw.fabric.kind == "pcie"
     ptr, res, amt = [0], [], []
 
