@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -144,7 +145,30 @@ def test_probes_decide_between_finalists_and_say_so():
     assert (plan.window_slots, plan.h2d_chunk_mib) == (best.window_slots, best.h2d_chunk_mib)
     text = "\n".join(rep.lines())
     assert "probes on fake:" in text and "no real probe" not in text
-    assert f"probes of {len(rep.finalists)} finalists" in rep.stages_s
+    assert f"probes of {len(rep.finalists)} of {len(rep.finalists)} finalists" in rep.stages_s
+
+
+def test_time_limit_stops_the_probes_and_says_so():
+    """No probe starts that would end the selection past the limit: with probes of 0.2 s and a
+    limit the simulated stages already spend, only the best simulated finalist is measured; the
+    others leave the choice and the report names them."""
+    hw, wl = _tiny()
+    _, free = auto_plan(hw, wl, 40 * GIB, probe=lambda p: 1.0, probe_device="fake")
+    assert len(free.finalists) >= 2
+
+    def probe(plan):
+        time.sleep(0.2)
+        return 1.0
+
+    plan, rep = auto_plan(hw, wl, 40 * GIB, probe=probe, probe_device="fake", time_limit_s=0.01)
+    assert len(rep.finalists) == 1 and rep.finalists[0].route.measured_s == 1.0
+    best = min(free.finalists, key=lambda f: f.simulated_score_s)
+    assert rep.finalists[0].route.plan == best.route.plan
+    skipped = [n for n in rep.notes if n.startswith("finalist") and "time limit" in n]
+    assert len(skipped) == len(free.finalists) - 1
+    if rep.chosen.activations.counts != {"layer": wl.model.n_layers}:  # its mix: not probed
+        assert rep.chosen.plan_measured_s is None
+        assert any(n.startswith("the chosen policy mix was not probed") for n in rep.notes)
 
 
 def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
@@ -217,3 +241,12 @@ def test_cli_plan_writes_a_plan_simulate_reads(tmp_path):
         text=True,
     )
     assert bad.returncode == 2 and "--gpu-memory-cap-gib" in bad.stderr
+
+
+def test_plan_cli_refuses_a_bad_time_limit(capsys):
+    from slidedp.cli import main
+
+    assert main(["plan", "--model", "tiny-qwen3", "--seq", "64", "--micro-batch", "1",
+                 "--time-limit-s", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--time-limit-s" in err and "positive" in err

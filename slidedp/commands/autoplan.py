@@ -12,7 +12,8 @@ The choice (commands/choose.py, policy/auto.py) is made before anything large is
              passing them with --plan auto is refused.
   policies   only the activation policies the executor runs on --device (policy/probe.py
              runs_policy: every policy of spec/segments.py since the executor runs them all).
-  probes     one rank (--nproc 1): every finalist runs a few real steps on --device (random
+  probes     one rank (--nproc 1): the finalists run a few real steps each on --device, best
+             simulated first, within choose.DEFAULT_TIME_LIMIT_S of selection (random
              weights, one host state closed again before training); with --nproc > 1 nothing is
              probed and the report says so.
 OUT/plan.toml (the plan, with the report as its header comment) and OUT/plan-report.txt are

@@ -17,6 +17,15 @@ from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan, plan_dict
 from slidedp.spec.workload import Workload
 
+DEFAULT_TIME_LIMIT_S = 60.0  # selection with probes (issue 8's target; the published method: ~20 min)
+
+
+def time_limit(value: float | None) -> float | None:
+    """--time-limit-s checked (None: no limit)."""
+    if value is not None and (isinstance(value, bool) or not value > 0):
+        raise SpecError("command line", "--time-limit-s", f"a positive number of seconds, got {value!r}")
+    return value
+
 
 def cap_bytes(hw: HardwareSpec, gib: float | None) -> float:
     """--gpu-memory-cap-gib in bytes (default: the hardware's whole HBM)."""
@@ -28,11 +37,11 @@ def cap_bytes(hw: HardwareSpec, gib: float | None) -> float:
 
 
 def choose_plan(hw: HardwareSpec, wl: Workload, cap: float, *, base: Plan | None = None,
-                probe_device: str | None = None, executor_device: str | None = None
-                ) -> tuple[Plan, PolicyReport]:
+                probe_device: str | None = None, executor_device: str | None = None,
+                time_limit_s: float | None = DEFAULT_TIME_LIMIT_S) -> tuple[Plan, PolicyReport]:
     """auto_plan, confirmed by real probes on `probe_device` when given (one rank only: with
-    wl.gpus > 1 the report says it was not probed), its activation policies limited to those the
-    executor runs on `executor_device` when given."""
+    wl.gpus > 1 the report says it was not probed) within `time_limit_s` of selection, its
+    activation policies limited to those the executor runs on `executor_device` when given."""
     runs = None
     if executor_device is not None:
         from slidedp.policy.probe import runs_policy
@@ -49,7 +58,8 @@ def choose_plan(hw: HardwareSpec, wl: Workload, cap: float, *, base: Plan | None
 
     with ExecutorProbe(wl, probe_device) as probe:
         plan, rep = auto_plan(hw, wl, cap, base=base, probe=probe, probe_device=probe_device,
-                              calibrate=probe.marginal_s, runs_policy=runs)
+                              calibrate=probe.marginal_s, runs_policy=runs,
+                              time_limit_s=time_limit_s)
         rep.notes += [f"probe refused: {r}" for r in dict.fromkeys(probe.refusals)]
     return plan, rep
 

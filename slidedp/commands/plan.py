@@ -11,7 +11,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from slidedp.commands.choose import cap_bytes, choose_plan, default_device, write_plan
+from slidedp.commands.choose import (
+    DEFAULT_TIME_LIMIT_S,
+    cap_bytes,
+    choose_plan,
+    default_device,
+    time_limit,
+    write_plan,
+)
 from slidedp.commands.common import add_workload_options, describe_workload, resolve_workload
 from slidedp.spec.hardware import load_hardware
 
@@ -35,6 +42,9 @@ def register(sub) -> None:
                    "machine (one GPU only; random weights)")
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="where --probe runs (default: cuda when available, else cpu)")
+    p.add_argument("--time-limit-s", type=float, default=DEFAULT_TIME_LIMIT_S,
+                   help="with --probe: no probe starts that would end the selection past this "
+                   f"(the best simulated finalist is always probed; default {DEFAULT_TIME_LIMIT_S:g})")
     p.add_argument("--out", metavar="FILE", help="write the plan TOML ([plan] table) here")
     p.set_defaults(func=run)
 
@@ -45,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     cap = cap_bytes(hw, args.gpu_memory_cap_gib)
     print(describe_workload(hw, wl))
     device = (args.device or default_device()) if args.probe else None
-    plan, report = choose_plan(hw, wl, cap, probe_device=device)
+    plan, report = choose_plan(hw, wl, cap, probe_device=device,
+                               time_limit_s=time_limit(args.time_limit_s))
     print("\n".join(report.lines()))
     if args.out:
         write_plan(Path(args.out), plan, report, "slidedp plan")

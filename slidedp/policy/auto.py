@@ -16,8 +16,9 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
        until it fits, or InfeasiblePlan (it cannot fit the cap at all).
   Choice: the finalist with the smallest route step minus activation saving; with `probe`
-  (Plan -> measured s/step on this device, policy/probe.py) every finalist's route is measured
-  and the measured step replaces the simulated one, and the chosen plan is measured too when its
+  (Plan -> measured s/step on this device, policy/probe.py) the finalists' routes are measured,
+  best simulated first, as long as the selection's time limit allows (the unmeasured ones leave
+  the choice), the measured step replaces the simulated one, and the chosen plan is measured too when its
   policies differ (and the executor runs them): measured slower than its all-`layer` route, the
   policy mix is rejected and every layer kept on `layer`. The report says whether the probes
   confirmed or overturned the simulator's choice.
@@ -171,10 +172,21 @@ def _calibrated(calibrate: Calibrate | None, reference: Plan, names: list[str],
     return out
 
 
-def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str]) -> list[Finalist]:
-    """Measure every finalist's route (all `layer`); those the executor refuses are dropped
-    while any was measured."""
-    out = [replace(f, route=replace(f.route, measured_s=probe(f.route.plan))) for f in finalists]
+def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
+             deadline: float | None) -> list[Finalist]:
+    """Measure the finalists' routes (all `layer`), best simulated first; those the executor
+    refuses are dropped while any was measured. With a deadline (time.perf_counter() seconds),
+    a probe starts only while the selection can still end in time: the longest probe so far,
+    for this one and for the chosen mix's, fits before it; the first always runs. Finalists
+    left unprobed leave the choice, and the report says so."""
+    out, longest = [], 0.0
+    for f in sorted(finalists, key=lambda f: f.simulated_score_s):
+        if deadline is not None and out and time.perf_counter() + 2 * longest > deadline:
+            notes.append(f"finalist {f.label()} not probed: the selection's time limit")
+            continue
+        t = time.perf_counter()
+        out.append(replace(f, route=replace(f.route, measured_s=probe(f.route.plan))))
+        longest = max(longest, time.perf_counter() - t)
     kept = [f for f in out if f.route.measured_s is not None]
     for f in out:
         if f.route.measured_s is None:
@@ -193,13 +205,17 @@ def auto_plan(
     probe_device: str | None = None,
     calibrate: Calibrate | None = None,
     runs_policy: Callable[[str], bool] | None = None,
+    time_limit_s: float | None = None,
 ) -> tuple[Plan, PolicyReport]:
     """The plan AutoPolicy chooses under `cap_bytes` of GPU memory per GPU, and its report.
 
     base: the fields AutoPolicy does not choose (default: default_plan of the fabric);
     probe / probe_device: real probes and where they run; calibrate: measured tau_j;
-    runs_policy: the activation policies allowed (default: every policy of spec/segments.py)."""
+    runs_policy: the activation policies allowed (default: every policy of spec/segments.py);
+    time_limit_s: the probes stop where the next would end the selection past it (_confirm;
+    the simulated stages always run: seconds)."""
     start = time.perf_counter()
+    deadline = None if time_limit_s is None else start + time_limit_s
     hw, wl = capped(hardware, cap_bytes), workload
     base = replace(base or default_plan(hw.fabric.kind), layer_policies=())
     rep = PolicyReport(cap_bytes=min(cap_bytes, hardware.gpu.hbm_bytes),
@@ -228,12 +244,16 @@ def auto_plan(
     simulated_best = min(finalists, key=lambda f: f.simulated_score_s).route.plan
     lap("activation MILPs")
     if probe is not None:
-        finalists = _confirm(probe, finalists, rep.notes)
-        lap(f"probes of {len(routes)} finalists")
+        finalists = _confirm(probe, finalists, rep.notes, deadline)
+        lap(f"probes of {len(finalists)} of {len(routes)} finalists")
     rep.simulator_pick = next((f for f in finalists if f.route.plan == simulated_best), None)
     rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
     chosen = rep.chosen
-    if probe is not None and chosen.activations.counts != {"layer": wl.model.n_layers}:
+    mixed = chosen.activations.counts != {"layer": wl.model.n_layers}
+    if probe is not None and mixed and deadline is not None and time.perf_counter() > deadline:
+        rep.notes.append("the chosen policy mix was not probed: the selection's time limit "
+                         "(kept as the simulator chose it)")
+    elif probe is not None and mixed:
         chosen.plan_measured_s = probe(chosen.activations.plan)
         if chosen.plan_measured_s is None:
             rep.notes.append("the chosen policy mix itself was not measured: the executor does "
