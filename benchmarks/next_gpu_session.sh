@@ -16,6 +16,8 @@
 #                                                      #   tied bulk spread over the backward; loss run
 #   bash benchmarks/next_gpu_session.sh x2-val OUT    # nvidia-h200-x2: profile, the 8B validation cases,
 #                                                      #   8B embedding_rows on / off at R = 1 and 2
+#   bash benchmarks/next_gpu_session.sh h200-ratio OUT # nvidia-h200: issue 4's ratio after the GC fix
+#   HW=PROFILE bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # nvidia-h200: AutoPolicy vs sweep
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
 # a few; tar anything larger), then import with `slidedp validate --import-results`.
@@ -83,12 +85,25 @@ h200-rows)  # nvidia-h200, one call: the 4B smallest GPU-bound micro-batch with 
         --iters 8 --discard 3
     python3 benchmarks/loss_vs_resident.py "$OUT/loss-vs-resident.json" --model qwen3-0.6b \
         --steps 200 --seq 1024 --micro-batch 2 --accum 2 ;;
+h200-ratio)  # nvidia-h200, one call: issue 4's ratio again after the garbage-collector fix
+    # (engine: gc.freeze after the first step), by the protocol (10 steps, mean of 6-10)
+    python3 -m slidedp.cli profile --out "$OUT/h200-profile.toml" --base h200x1 \
+        --model qwen3-4b --micro-batch 4 5 6 --quick --name "h200-profile-$(date +%H%M)"
+    python3 benchmarks/multi_gpu.py "$OUT/h200-4b-ratio.jsonl" qwen3-4b ref:4 ref:5 ref:6 \
+        "4:4:$G:window_slots=36" "4:4:$G:window_slots=36:embedding_rows=true" \
+        "5:5:$G:window_slots=36" "5:5:$G:window_slots=36:embedding_rows=true" \
+        "6:6:$G:window_slots=36:embedding_rows=true" --iters 10 --discard 5 ;;
+ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against the real sweep,
+    # Qwen3-4B at a GPU-bound micro-batch (issue 8); `ap MB SEQ` for other shapes, e.g. the
+    # long-sequence case `ap 1 16384`; the profile of the h200-ratio call via HW=...
+    HW=${HW:?set HW to a profile TOML of this machine} bash benchmarks/autopolicy_vs_sweep.sh \
+        "$OUT/ap" qwen3-4b "${3:-6}" "${4:-4096}" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
     # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
         "4:4:$G:window_slots=36:embedding_rows=true" "16:4:$G:window_slots=36" \
         "16:4:$G:window_slots=36:embedding_rows=true" --iters 6 --discard 3 ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|rows OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|ap|rows OUT" >&2
     exit 2 ;;
 esac
