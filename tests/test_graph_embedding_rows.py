@@ -124,3 +124,24 @@ def test_rows_shorten_a_gpu_bound_step(gpus, gb):
     whole = predict(hw, wl, Plan(window_slots=36))
     split = predict(hw, wl, Plan(window_slots=36, embedding_rows=True))
     assert split.step_time_s < whole.step_time_s - 0.02
+
+
+def test_tied_bulk_is_spread_over_the_backward():
+    """Tied: the bulk's ADAMs are issued a few after each layer's, not all after HEAD_LOSS
+    (all at once they stalled the backward on the download ring): in the update worker's issue
+    order, every bulk ADAM has a decoder layer's ADAM before it, and the backward's ADAMs of
+    the last layer (1) come after bulk ADAMs."""
+    model = load_model("qwen3-4b")  # tied
+    wl = Workload(model, 4096, 6, 6, 1)
+    g = build_graph(wl, Plan(window_slots=36, embedding_rows=True), 16, iterations=1)
+    adams = np.flatnonzero(g.kind == Kind.ADAM)
+    bulk = [v for v in adams if g.unit[v] == 0 and not g.rows[v]]
+    layers = [v for v in adams if 1 <= g.unit[v] <= model.n_layers]
+    assert len(bulk) > 1
+    first_layer_adam = min(layers)
+    assert all(v > first_layer_adam for v in bulk)
+    assert max(bulk) < max(layers)  # not all at the end either
+    # 24 bulk chunks over 36 layers: one after each layer's, so between two consecutive bulk
+    # ADAMs lie the ADAMs of exactly one layer
+    for a, b in zip(bulk, bulk[1:], strict=False):
+        assert len({int(g.unit[v]) for v in layers if a < v < b}) == 1

@@ -33,7 +33,10 @@ embedding rows  with plan.embedding_rows (and no defer_update) the embedding's u
               step boundary. Bulk: ADAM of every chunk of the embedding with the gradient known
               before EMBED_BWD, each keeping the looked-up rows' state as it was (their p, m, v
               saved and restored: work + 2 x the rows' elements): tied, the head's share, through
-              the unit's usual REDUCE / D2H / HOST_SUM path after HEAD_LOSS; untied, a zero
+              the unit's usual REDUCE / D2H / HOST_SUM path after HEAD_LOSS, its chunks'
+              D2Hs and ADAMs issued ceil(chunks / L) after each layer's in the backward (all
+              at once they held the download ring and the update workers and stalled the
+              backward: measured on nvidia-h200, Qwen3-4B); untied, a zero
               gradient, no download, at the step's start. The bulk delivery for the NEXT step
               (CAST / H2D / ALLGATHER of the embedding, gated by these ADAMs) follows the
               backward's deliveries and waits for the embedding's readers (EMBED_FWD, and
