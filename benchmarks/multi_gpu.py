@@ -14,6 +14,9 @@ through every case in turn; each case runs `--iters` steps, the mean of the step
 `--discard` is its step time. Rank 0 appends one JSON line per case to OUT (host PSS summed
 over the ranks: shared memory counts once in the sum; channel_s over every rank's tasks).
 The measurement itself is slidedp.validate.runner's (shared with `slidedp validate`).
+--traces DIR: rank 0 also writes each case's last step (every rank's tasks) as a Chrome trace,
+DIR/<importer.trace_file_name(case)>, which `slidedp validate --import-results` stores beside the
+case (provenance field `traces`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -34,7 +38,9 @@ from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import plan_dict  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
 from slidedp.validate.cases import parse_case_spec  # noqa: E402
+from slidedp.validate.importer import trace_file_name  # noqa: E402
 from slidedp.validate.runner import measure, random_host_state  # noqa: E402
+from slidedp.validate.traces import save_trace  # noqa: E402
 
 
 def main() -> int:
@@ -46,6 +52,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--discard", type=int, default=3)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
+    ap.add_argument("--traces", metavar="DIR", help="write each case's last step as a Chrome trace")
     a = ap.parse_args()
     spec = load_model(a.model)
     cfg = dict(spec.config)
@@ -84,6 +91,9 @@ def main() -> int:
         wl = Workload(spec, a.seq, gb, mb, R)
         m = measure(cfg, wl, plan, hs, device=a.device, iters=a.iters, discard=a.discard,
                     session=sess)
+        if a.traces and m.timeline is not None:  # rank 0: every rank's tasks
+            os.makedirs(a.traces, exist_ok=True)
+            save_trace(m.timeline, Path(a.traces) / trace_file_name(case))
         gpu_peak = None if m.gpu_peak_bytes is None else m.gpu_peak_bytes / GIB
         emit({"case": case, "global_batch": wl.global_batch, "micro_batch": wl.micro_batch,
               "accum": wl.accum_steps, "plan": plan_dict(plan), "param_route": pr, "grad_route": gr, "update_sharding": us,

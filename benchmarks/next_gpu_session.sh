@@ -92,7 +92,8 @@ h200-ratio)  # nvidia-h200, one call: issue 4's ratio again after the garbage-co
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b-ratio.jsonl" qwen3-4b ref:4 ref:5 ref:6 \
         "4:4:$G:window_slots=36" "4:4:$G:window_slots=36:embedding_rows=true" \
         "5:5:$G:window_slots=36" "5:5:$G:window_slots=36:embedding_rows=true" \
-        "6:6:$G:window_slots=36:embedding_rows=true" --iters 10 --discard 5 ;;
+        "6:6:$G:window_slots=36:embedding_rows=true" --iters 10 --discard 5 \
+        --traces "$OUT/h200-4b-ratio.traces" ;;
 ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against the real sweep,
     # Qwen3-4B at a GPU-bound micro-batch (issue 8); `ap MB SEQ` for other shapes, e.g. the
     # long-sequence case `ap 1 16384`; the profile of the h200-ratio call via HW=...

@@ -3,7 +3,10 @@ measured run on the CPU (one in-process rank and two torchrun ranks over gloo). 
 predictions of an H200 are meaningless: the run checks files and keys, not errors."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import GradRoute, ParamRoute
 from slidedp.validate import store
 from slidedp.validate.cases import case_toml, load_cases, parse_case_spec, parse_cases
-from slidedp.validate.importer import import_results
+from slidedp.validate.importer import NO_TRACE, import_results, trace_file_name
 from slidedp.validate.traces import load_trace
 
 ROOT = Path(__file__).parents[1]
@@ -213,3 +216,32 @@ def test_import_refuses_case_strings_of_no_case(tmp_path, field, given):
     shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
     with pytest.raises(SpecError, match=f"{field}.4:4:nosuchcase"):
         import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")
+
+
+def test_multi_gpu_traces_are_imported_beside_their_cases(tmp_path):
+    """benchmarks/multi_gpu.py --traces (the real script, on the CPU) writes each case's last
+    step; the importer stores it as the case's measured trace, with the simulated one and their
+    overlay; a case without a file in the folder is stored without a trace and says so."""
+    results, traces = tmp_path / "r.jsonl", tmp_path / "r.traces"
+    cases = ["2:1:sharded:gpu:rank0", "2:2:sharded:gpu:rank0:window_slots=4"]
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "multi_gpu.py"), str(results),
+                    "tiny-qwen3", "--seq", "32", "--device", "cpu", *cases, "--iters", "2",
+                    "--discard", "1", "--traces", str(traces)],
+                   check=True, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True)
+    assert sorted(p.name for p in traces.iterdir()) == sorted(trace_file_name(c) for c in cases)
+    (traces / trace_file_name(cases[1])).unlink()
+    prov = tmp_path / "imports.toml"
+    prov.write_text('[[source]]\nresults = "r.jsonl"\nformat = "multi_gpu"\nprefix = "t"\n'
+                    'ran_threads = {default = [1, 1]}\nmachine = "cpu"\ndiscard = 1\n'
+                    'command = "multi_gpu.py"\nhardware = "h200x1"\ntraces = "r.traces"\n')
+    out = tmp_path / "validation"
+    folders = import_results(prov, out)
+    with_trace, without = folders
+    meas = json.loads((with_trace / store.MEASURED).read_text())
+    assert meas["trace"] == store.MEASURED_TRACE and NO_TRACE not in meas["notes"]
+    for name in (store.MEASURED_TRACE, store.SIMULATED_TRACE, store.OVERLAY):
+        assert (with_trace / name).is_file()
+    assert json.loads((with_trace / store.PREDICTED).read_text())["task_kind_s"]["ADAM"][0] > 0
+    meas = json.loads((without / store.MEASURED).read_text())
+    assert meas["trace"] is None and NO_TRACE in meas["notes"]
+    assert not (without / store.MEASURED_TRACE).exists()

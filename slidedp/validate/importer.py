@@ -23,18 +23,24 @@ A provenance file (TOML; paths relative to it) says where each results file came
     skip = ["6:6:sharded:gpu:rank0:embedding_rows=true"]
                                   # case strings not imported (optional): say why in notes, e.g.
                                   # an executor schedule the current graph no longer describes
+    traces = "../benchmarks/results/2026-12-01-h200-qwen3-4b.traces"
+                                  # the folder of `multi_gpu.py --traces` (optional): a case's
+                                  # measured trace (trace_file_name of its case string), stored
+                                  # beside it with the simulated trace and their overlay
 
 The case folder is named after the plan as requested; the stored plan carries the threads as run,
 so that the predictions model what ran.
 
-Rows without a step time (compute-only references, cut runs) are skipped. No trace was saved by
-those benchmarks: measured.json says so and the predictions leave the simulated trace out.
+Rows without a step time (compute-only references, cut runs) are skipped. Without `traces` (or a
+case's file in it) no trace is stored: measured.json says so and the predictions leave the
+simulated trace out.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,6 +54,11 @@ from slidedp.validate.predict import write_predictions
 GIB = 2**30
 FORMATS = ("multi_gpu", "single_gpu")
 NO_TRACE = "no Timeline trace was saved by this benchmark run (figures only)"
+
+
+def trace_file_name(case: str) -> str:
+    """The file benchmarks/multi_gpu.py --traces writes a case's measured trace to."""
+    return "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in case) + ".json"
 
 
 def case_name(prefix: str, c: Case) -> str:
@@ -82,7 +93,8 @@ def multi_gpu_rows(path: Path) -> list[tuple[Case, dict]]:
             "machine_detail": {"cpus": d["cpus"], "gpu": d["gpu"]},
             "step_time_s": d["step_s"], "all_steps_s": d["all_steps_s"],
             "tokens_per_s": d["tokens_per_s"], "channel_s": d["channel_s"],
-            "channel_s_scope": scope, "gpu_peak_bytes": round(d["gpu_peak_gib"] * GIB),
+            "channel_s_scope": scope, "gpu_peak_bytes": (None if d["gpu_peak_gib"] is None  # a CPU run
+                                               else round(d["gpu_peak_gib"] * GIB)),
             "host_pss_bytes": round(d["host_pss_gib_all_ranks"] * GIB),
             "loss_last": d["loss_last"]}))
     return out
@@ -102,7 +114,8 @@ def _single_gpu(path: Path) -> list[tuple[Case, dict]]:
             "machine_detail": {"cpus": meta["cpus"], "gpu": meta["gpu"]},
             "step_time_s": d["step_s"], "all_steps_s": d["all_steps_s"],
             "tokens_per_s": d["tokens_per_s"], "channel_s": d["channel_s_last_step"],
-            "channel_s_scope": "last step", "gpu_peak_bytes": round(d["gpu_peak_gib"] * GIB),
+            "channel_s_scope": "last step", "gpu_peak_bytes": (None if d["gpu_peak_gib"] is None  # a CPU run
+                                               else round(d["gpu_peak_gib"] * GIB)),
             "host_pss_bytes": round(d["host_pss_gib"] * GIB), "loss_last": d["loss_first_last"][1],
             "reference_step_s": d["reference_step_s"]}))
     return out
@@ -153,6 +166,7 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
         hw_notes, notes = src.raw("hardware_notes", []), src.raw("notes", [])
         ran = _ran_threads(src.raw("ran_threads", {}), where, f"{src.prefix}.ran_threads")
         skip = src.raw("skip", [])
+        traces = _path(base, src.str("traces")) if src.has("traces") else None
         src.done()
         if not results.is_file():
             raise SpecError(where, f"{src.prefix}.results", f"an existing file, got {results}")
@@ -162,22 +176,33 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
             if given - names:
                 raise SpecError(where, f"{src.prefix}.{field}.{sorted(given - names)[0]}",
                                 f"a case string of {results.name}")
+        if traces is not None and not traces.is_dir():
+            raise SpecError(where, f"{src.prefix}.traces", f"an existing folder, got {traces}")
         for case, figures in rows:
             if case.name in skip:
                 continue
+            trace = traces / trace_file_name(case.name) if traces is not None else None
             plan, ran_notes = _as_run(case, ran)
             case = Case(case_name(prefix, case), case.model, case.seq, case.gpus,
                         case.global_batch, case.micro_batch, plan)
             folder = root / case.name
             store.write_case(folder, case, f"imported by slidedp validate --import-results from "
                                            f"{results.name} (measured {figures['date']}, {machine})")
+            stored_trace = folder / store.MEASURED_TRACE
+            if trace is not None and trace.is_file():
+                shutil.copyfile(trace, stored_trace)
+            else:
+                stored_trace.unlink(missing_ok=True)
+            has_trace = stored_trace.is_file()
             store.write_json(folder / store.MEASURED, figures | {
                 "case": case.name, "machine": machine, "gpus_used": case.gpus,
-                "device": "cuda", "dtype": "bfloat16", "command": command,
+                **({"device": "cpu", "dtype": "float32"} if figures["gpu"] == "cpu" else
+                   {"device": "cuda", "dtype": "bfloat16"}), "command": command,
                 "iters": len(figures["all_steps_s"]), "discard": discard,
-                "host_pss_scope": "summed over the rank processes", "trace": None,
+                "host_pss_scope": "summed over the rank processes",
+                "trace": store.MEASURED_TRACE if has_trace else None,
                 "source": os.path.relpath(results, folder.resolve()),
-                "notes": [NO_TRACE, *notes, *ran_notes]})
+                "notes": [*([] if has_trace else [NO_TRACE]), *notes, *ran_notes]})
             write_predictions(folder, hw_arg, list(hw_notes))
             folders.append(folder)
     return folders
