@@ -358,7 +358,7 @@ def test_long_lived_objects_leave_the_collector_after_the_first_step():
         frozen_before = gc.get_freeze_count()
         eng.step(ids, labels)
         assert gc.get_freeze_count() > frozen_before
-        eng.step(ids, labels)  # once per engine: a second step freezes nothing new
+        eng.step(ids, labels)
         after_two = gc.get_freeze_count()
         eng.step(ids, labels)
         assert gc.get_freeze_count() == after_two

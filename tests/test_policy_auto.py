@@ -243,6 +243,48 @@ def test_cli_plan_writes_a_plan_simulate_reads(tmp_path):
     assert bad.returncode == 2 and "--gpu-memory-cap-gib" in bad.stderr
 
 
+def test_time_limit_never_leaves_only_a_refused_finalist():
+    """The best simulated finalist refused (e.g. out of memory) and the time already past the
+    limit: the probes go on until one finalist is measured, and that one is chosen."""
+    hw, wl = _tiny()
+    calls = []
+
+    def probe(plan):
+        calls.append(plan)
+        time.sleep(0.05)
+        return None if len(calls) == 1 else 1.0
+
+    plan, rep = auto_plan(hw, wl, 40 * GIB, probe=probe, probe_device="fake", time_limit_s=0.01)
+    assert len(rep.finalists) == 1 and rep.finalists[0].route.measured_s == 1.0
+    assert rep.finalists[0].route.plan != calls[0]
+    assert any("refused it (dropped)" in n for n in rep.notes)
+    assert "probes of 2 of" in " ".join(rep.stages_s)
+
+
+def test_a_probes_one_off_setup_is_not_its_cost():
+    """A probe whose first call builds the host state (setup_s) does not make every later probe
+    look as long: 1 s of setup, 10 ms probes and a limit 1.6 s past the simulated stages probe
+    every finalist (counting the setup as the first probe's cost would stop after it)."""
+    hw, wl = _tiny()
+
+    class Probe:
+        setup_s = 0.0
+
+        def __call__(self, plan):
+            if self.setup_s == 0.0:
+                time.sleep(1.0)
+                self.setup_s = 1.0
+            time.sleep(0.01)
+            return 1.0
+
+    _, free = auto_plan(hw, wl, 40 * GIB, probe=lambda p: 1.0, probe_device="fake")
+    assert free.selection_s < 0.5
+    limit = 1.6 + 2 * free.selection_s
+    _, rep = auto_plan(hw, wl, 40 * GIB, probe=Probe(), probe_device="fake", time_limit_s=limit)
+    assert len(rep.finalists) == len(free.finalists) >= 2
+    assert not any("time limit" in n for n in rep.notes)
+
+
 def test_plan_cli_refuses_a_bad_time_limit(capsys):
     from slidedp.cli import main
 

@@ -245,3 +245,13 @@ def test_multi_gpu_traces_are_imported_beside_their_cases(tmp_path):
     meas = json.loads((without / store.MEASURED).read_text())
     assert meas["trace"] is None and NO_TRACE in meas["notes"]
     assert not (without / store.MEASURED_TRACE).exists()
+
+
+def test_import_refuses_a_skip_that_is_not_a_list(tmp_path):
+    (tmp_path / "validation").mkdir()
+    text = (VALIDATION / "imports.toml").read_text().replace(
+        'ran_threads = {default = [12, 12]}', 'ran_threads = {default = [12, 12]}\nskip = "4:4"', 1)
+    (tmp_path / "validation" / "imports.toml").write_text(text)
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    with pytest.raises(SpecError, match="skip.*a list of case strings"):
+        import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")

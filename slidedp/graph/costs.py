@@ -76,12 +76,11 @@ def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
 
 def dram_bps(g: TaskGraph, hw: HardwareSpec) -> float:
     """The host DRAM cap of this graph: HostSpec.team_dram_bps at its largest CPU team (the
-    cast team or one update worker's, at most the cores); the full dram_bps for graphs built
-    without team sizes."""
+    cast team, or the update workers' teams together, which run at once; at most the cores);
+    the full dram_bps for graphs built without team sizes."""
     if "cast_threads" not in g.meta:
         return hw.host.dram_bps
-    workers = max(1, int(g.meta.get("update_workers", 1)))
-    team = max(g.meta["cast_threads"], g.meta["update_threads"] / workers)
+    team = max(g.meta["cast_threads"], g.meta["update_threads"])
     return hw.host.team_dram_bps(min(team, hw.host.cores))
 
 

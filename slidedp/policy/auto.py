@@ -173,26 +173,29 @@ def _calibrated(calibrate: Calibrate | None, reference: Plan, names: list[str],
 
 
 def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
-             deadline: float | None) -> list[Finalist]:
-    """Measure the finalists' routes (all `layer`), best simulated first; those the executor
-    refuses are dropped while any was measured. With a deadline (time.perf_counter() seconds),
-    a probe starts only while the selection can still end in time: the longest probe so far,
-    for this one and for the chosen mix's, fits before it; the first always runs. Finalists
-    left unprobed leave the choice, and the report says so."""
+             deadline: float | None) -> tuple[list[Finalist], int]:
+    """Measure the finalists' routes (all `layer`), best simulated first; (those kept, probes
+    run). Those the executor refuses are dropped while any was measured. With a deadline
+    (time.perf_counter() seconds), a probe starts only while the selection can still end in
+    time: the longest probe so far, for this one and for the chosen mix's, fits before it; until
+    a finalist has been measured, probes always run. A probe's one-off setup (the host state its
+    first call builds: the probe's `setup_s`, where it has one) does not count as its cost.
+    Finalists left unprobed leave the choice, and the report says so."""
     out, longest = [], 0.0
     for f in sorted(finalists, key=lambda f: f.simulated_score_s):
-        if deadline is not None and out and time.perf_counter() + 2 * longest > deadline:
+        measured_any = any(x.route.measured_s is not None for x in out)
+        if deadline is not None and measured_any and time.perf_counter() + 2 * longest > deadline:
             notes.append(f"finalist {f.label()} not probed: the selection's time limit")
             continue
-        t = time.perf_counter()
+        t, setup = time.perf_counter(), getattr(probe, "setup_s", 0.0)
         out.append(replace(f, route=replace(f.route, measured_s=probe(f.route.plan))))
-        longest = max(longest, time.perf_counter() - t)
+        longest = max(longest, time.perf_counter() - t - (getattr(probe, "setup_s", 0.0) - setup))
     kept = [f for f in out if f.route.measured_s is not None]
     for f in out:
         if f.route.measured_s is None:
             notes.append(f"finalist {f.label()} not measured: the executor refused it"
                          + (" (dropped)" if kept else ""))
-    return kept or out
+    return kept or out, len(out)
 
 
 def auto_plan(
@@ -213,7 +216,7 @@ def auto_plan(
     probe / probe_device: real probes and where they run; calibrate: measured tau_j;
     runs_policy: the activation policies allowed (default: every policy of spec/segments.py);
     time_limit_s: the probes stop where the next would end the selection past it (_confirm;
-    the simulated stages always run: seconds)."""
+    the simulated stages and the measured policy costs always run: seconds)."""
     start = time.perf_counter()
     deadline = None if time_limit_s is None else start + time_limit_s
     hw, wl = capped(hardware, cap_bytes), workload
@@ -244,8 +247,8 @@ def auto_plan(
     simulated_best = min(finalists, key=lambda f: f.simulated_score_s).route.plan
     lap("activation MILPs")
     if probe is not None:
-        finalists = _confirm(probe, finalists, rep.notes, deadline)
-        lap(f"probes of {len(finalists)} of {len(routes)} finalists")
+        finalists, probed = _confirm(probe, finalists, rep.notes, deadline)
+        lap(f"probes of {probed} of {len(routes)} finalists")
     rep.simulator_pick = next((f for f in finalists if f.route.plan == simulated_best), None)
     rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
     chosen = rep.chosen

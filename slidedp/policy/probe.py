@@ -4,6 +4,8 @@ probes). The only module of slidedp.policy that needs torch; auto.py takes its m
 callables.
 
 ExecutorProbe(model, workload, device), a context manager, random weights:
+  setup_s                seconds spent building host states so far (AutoPolicy's time limit
+                         leaves it out of a probe's cost)
   probe(plan)            measured steady seconds per step of `plan` on the whole model: STEPS
                          optimizer steps of slidedp.exec.Engine (validate/runner.py measure; bf16
                          on cuda, float32 on cpu), the first DISCARD left out, the fastest of the
@@ -27,6 +29,7 @@ which is not done here; a workload with gpus > 1 is refused and callers skip the
 from __future__ import annotations
 
 import dataclasses
+import time
 from functools import cache
 
 import torch
@@ -80,11 +83,14 @@ class _Pipeline:
         self.wl, self.device = wl, device
         self.config = dict(wl.model.config)
         self.hs: HostState | None = None
+        self.setup_s = 0.0  # building the host state
 
     def step_s(self, plan: Plan) -> float:
         """Measured steady seconds per step; SpecError when the executor refuses the plan."""
         if self.hs is None:
+            t = time.perf_counter()
             self.hs = random_host_state(self.config, None, None)
+            self.setup_s += time.perf_counter() - t
         m = measure(self.config, self.wl, plan, self.hs, device=self.device, iters=STEPS,
                     discard=DISCARD)
         return min(m.all_steps_s[DISCARD:])
@@ -112,6 +118,11 @@ class ExecutorProbe:
 
     def __enter__(self) -> ExecutorProbe:
         return self
+
+    @property
+    def setup_s(self) -> float:
+        """Seconds spent so far building host states (one-off, not any probe's own cost)."""
+        return self.full.setup_s + (self.reduced.setup_s if self.reduced is not self.full else 0.0)
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -166,6 +166,8 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
         hw_notes, notes = src.raw("hardware_notes", []), src.raw("notes", [])
         ran = _ran_threads(src.raw("ran_threads", {}), where, f"{src.prefix}.ran_threads")
         skip = src.raw("skip", [])
+        if not isinstance(skip, list) or not all(isinstance(x, str) for x in skip):
+            raise SpecError(where, f"{src.prefix}.skip", f"a list of case strings, got {skip!r}")
         traces = _path(base, src.str("traces")) if src.has("traces") else None
         src.done()
         if not results.is_file():
