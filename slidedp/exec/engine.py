@@ -69,7 +69,8 @@ collection every 2 steps, 158 ms each, steps 1.08 s on average; on nvidia-h200, 
 five to eight took ~0.2 s longer than its neighbours (benchmarks/RESULTS.md). So after its first
 step the engine collects once and freezes what is alive then (gc.freeze: long-lived objects
 leave the generations the collector walks); a full collection then walks only the newer
-objects (<= 8.5 ms in the same CPU run, steps 0.94 s). close() unfreezes them.
+objects (<= 8.5 ms in the same CPU run, steps 0.94 s). close() unfreezes them (gc.freeze is
+process-wide: every frozen object, the caller's too, goes back to the collector).
 
 Data: every process gets the same global batch; rank r computes rows [r P, (r+1) P) with
 P = accum_steps x micro_batch. Compute tasks cover all of a rank's micro-batches for their unit
