@@ -29,6 +29,7 @@ from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, load_hardware, parse_hardware, preset_dir
 from slidedp.spec.model import load_model
+from slidedp.spec.plan import team_cores
 
 TINY = Sizes(host_floor_bytes=4 * MIB, llc_multiple=0, thread_step=2, chunk_mib=(1, 4),
              stream_copies=2, collective_mib=(1, 4), micro_batches=(1, 2), warmup=1, repeats=2)
@@ -78,6 +79,30 @@ def test_host_curves_follow_the_thread_counts(profiled):
         assert list(curve.xs) == threads  # strictly increasing (RateCurve checks it too)
         assert all(r > 0 for r in curve.rates)
     assert host.cores == m.cores and host.dram_bps > 0
+
+
+def test_the_two_teams_at_once_are_measured_at_the_default_team_size(profiled):
+    """dram_teams_gbps: the cast and update teams of the executor's default size (Plan.threads)
+    run at once; the model caps host DRAM with it for teams at least that large."""
+    host, m = load_hardware(str(profiled)).host, probe_machine()
+    team = team_cores(m.cores)
+    cast_t, update_t, bps = host.dram_teams
+    assert (cast_t, update_t) == (team, team) and bps > 0
+    assert "own OpenMP team" in host.sources["dram_teams_gbps"]
+    assert host.team_dram_bps(team) == min(host.dram_bps, bps)
+    if team > 1:  # smaller teams: the kernels' traffic at their size
+        assert host.team_dram_bps(1) == pytest.approx(min(host.dram_bps, max(
+            host.adam_rate(1) * 28, host.cast_rate(1) * 6)))
+
+
+def test_bad_teams_row_is_rejected_naming_the_field(tmp_path):
+    text = (preset_dir() / "h200x1.toml").read_text().replace(
+        "[host]\n", "[host]\ndram_teams_gbps = [12, 0, 100.0]\n", 1)
+    assert "dram_teams_gbps" in text
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(SpecError, match="host.dram_teams_gbps"):
+        load_hardware(str(f))
 
 
 def test_base_fills_what_cpu_cannot_measure(profiled):

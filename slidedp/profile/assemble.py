@@ -23,15 +23,14 @@ import statistics
 
 from slidedp.profile.compute import LayerTiming
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes, gpu_link_matrix, nv_peers
+from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_ELEM
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
-from slidedp.profile.run import Request, Results
+from slidedp.profile.run import TEAMS_S_PER_REPEAT, Request, Results
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, GB, GIB, HardwareSpec
 
 MIB = 2**20
-ADAM_DRAM_BYTES_PER_PARAM = 28  # read p, m, v, g; write p, m, v (FP32)
-CAST_DRAM_BYTES_PER_ELEM = 6  # read FP32, write BF16
 GPU_KEYS = ("count", "hbm_gib", "hbm_gbps", "peak_bf16_tflops", "achieved")
 PCIE_KEYS = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "all_h2d_gbps", "all_d2h_gbps",
              "all_total_gbps")
@@ -310,6 +309,15 @@ class Assembler:
                 "cast_dram_bytes_per_elem": "derived: read 4 B FP32, write 2 B BF16",
             },
         }
+        if res.dram_teams is not None:
+            ct, ut, bps = res.dram_teams
+            t["dram_teams_gbps"] = [ct, ut, g4(bps / GB)]
+            t["sources"]["dram_teams_gbps"] = m.source(
+                f"measured: a cast team of {ct} threads (torch copy_ FP32 -> BF16 of {mib} MiB) "
+                f"and an update team of {ut} threads (fused AdamW on {mib // 4}M parameters), "
+                "each in its own thread with its own OpenMP team as the executor runs them, at "
+                f"once for {TEAMS_S_PER_REPEAT * s.repeats:g} s: (6 B x cast elements + 28 B x "
+                "Adam parameters) / time")
         if chunked:
             chunks = sorted({c for c, _ in chunked})
             t["cast_chunk_gelem_per_s"] = [[c // MIB, n, g4(chunked[(c, n)] / 1e9)]

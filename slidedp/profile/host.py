@@ -9,6 +9,11 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          torch.optim.AdamW(fused=True) runs) on flat FP32 p, g, m, v: parameters / time. The
          gradient is FP32 as the executor hands it to Adam (it widens a BF16 gradient into an
          FP32 scratch first: that copy is not part of this rate).
+  teams  the executor's two CPU teams at once (HostBench.teams_bps): a cast team casting FP32 ->
+         BF16 and an update team running the fused AdamW, each in its own thread with its own
+         OpenMP team (engine.own_omp_team), both looping for the same wall time on buffers of
+         their own: (6 B x cast elements + 28 B x Adam parameters) / time, the DRAM traffic the
+         executor's default teams reach together (the model's host DRAM cap, HostSpec.team_dram_bps)
 The cast is also measured by chunk size (CastChunkBench), as the executor runs the CAST task:
   cast chunk   staging[i % slots][:n].copy_(src[k n : (k + 1) n]) for a chunk of n elements
          (n = the chunk's BF16 bytes / 2, the PCIe chunk sizes of sizes.py), the source slice
@@ -26,15 +31,21 @@ the way the kernels that later read them run; no NUMA binding is done.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
+from slidedp.exec.engine import own_omp_team
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
 from slidedp.profile.timing import wall_median_s
 from slidedp.spec.model import FP32
+
+ADAM_DRAM_BYTES_PER_PARAM = 28  # read p, m, v, g; write p, m, v (FP32)
+CAST_DRAM_BYTES_PER_ELEM = 6  # read FP32, write BF16
 
 
 @contextmanager
@@ -80,6 +91,40 @@ class HostBench:
             adamw_chunk(self.src, self.dst, self.m, self.v, self.adam_steps, self.opt, self.opt.lr)
 
         return self.elems / self._median_s(step, threads)
+
+    def teams_bps(self, cast_threads: int, update_threads: int, seconds: float) -> float:
+        """DRAM bytes/s of a cast team and an update team running at once (module docstring):
+        one warm-up pass each, then both loop from a common start for `seconds`; the bytes both
+        moved over the time from the first start to the last end."""
+        cast_src = torch.full((self.elems,), 0.25)  # the cast's own source: Adam writes `src`
+        moved, spans = [0.0, 0.0], [(0.0, 0.0), (0.0, 0.0)]
+        go = threading.Barrier(2)
+
+        def adam():
+            self.adam_steps += 1
+            adamw_chunk(self.src, self.dst, self.m, self.v, self.adam_steps, self.opt, self.opt.lr)
+
+        def team(i: int, threads: int, fn, nbytes: float) -> None:
+            own_omp_team(threads)
+            fn()
+            go.wait()
+            t0 = time.perf_counter()
+            while True:
+                fn()
+                moved[i] += nbytes
+                if (t1 := time.perf_counter()) - t0 >= seconds:
+                    break
+            spans[i] = (t0, t1)
+
+        workers = [threading.Thread(target=team, args=(0, cast_threads, lambda: self.bf16.copy_(
+                       cast_src), self.elems * CAST_DRAM_BYTES_PER_ELEM)),
+                   threading.Thread(target=team, args=(1, update_threads, adam,
+                                                       self.elems * ADAM_DRAM_BYTES_PER_PARAM))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return sum(moved) / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
 MAX_CHUNK_REPEATS = 64

@@ -21,10 +21,11 @@ from slidedp.profile import compute, fabric, host, pcie
 from slidedp.profile.machine import Machine
 from slidedp.profile.sizes import MIB, Sizes
 from slidedp.spec.model import ACTIVATION_POLICIES, BF16, FP32, ModelSpec
-from slidedp.spec.plan import Plan
+from slidedp.spec.plan import Plan, team_cores
 
 SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the longest under load
 MAX_SUSTAINED_ITERS = 5000
+TEAMS_S_PER_REPEAT = 0.25  # the teams-at-once run: 0.75 s at the quick profile's 3 repeats
 
 COLLECTIVE_TIMEOUT_S = 300
 
@@ -46,6 +47,8 @@ class Results:
     dram_bps: dict[int, float] = field(default_factory=dict)  # threads -> read + write bytes/s
     cast_elems_per_s: dict[int, float] = field(default_factory=dict)
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
+    # the cast and update teams at once: (cast threads, update threads, DRAM bytes/s)
+    dram_teams: tuple[int, int, float] | None = None
     # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
     cast_chunk_elems_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
     cast_chunk_src_bytes: int = 0
@@ -117,9 +120,15 @@ class Profiler:
             r.cast_elems_per_s[n] = self._host.cast_elems_per_s(n)
             r.adam_params_per_s[n] = self._host.adam_params_per_s(n)
 
+        team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
+
+        def teams():
+            r.dram_teams = (team, team, self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats))
+
         steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", alloc)]
         steps += [Step(f"host copy, cast, adam at {n} threads", lambda n=n: measure(n))
                   for n in r.threads]
+        steps.append(Step(f"cast and update teams of {team} threads at once", teams))
         return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
 
     def _free_host(self) -> None:

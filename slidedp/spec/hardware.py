@@ -15,6 +15,8 @@ Schema (units in names):
   [host]      cores, ram_gib, dram_gbps, cast_gelem_per_s = [[threads, rate]],
               adam_gparam_per_s = [[threads, rate]], adam_dram_bytes_per_param,
               cast_dram_bytes_per_elem, source
+              dram_teams_gbps = [cast threads, update threads, GB/s]  (optional) the DRAM traffic
+              of a cast team and an update team at once (slidedp profile; HostSpec.team_dram_bps)
               cast_chunk_gelem_per_s = [[chunk_mib, threads, rate], ...]  (optional) the cast by
               chunk size: chunk_mib is the chunk's BF16 size (what H2D moves, as pcie.chunk_gbps;
               elements = chunk_mib MiB / 2 B); rows by chunk_mib, threads strictly increasing
@@ -146,6 +148,8 @@ class HostSpec:
     sources: MappingProxyType
     # (chunk elements, elem/s against threads), by chunk; () when the file has no such table
     cast_chunk: tuple[tuple[float, RateCurve], ...] = ()
+    # (cast threads, update threads, DRAM bytes/s) of the two teams at once; None: not measured
+    dram_teams: tuple[float, float, float] | None = None
 
     def cast_rate(self, threads: float, chunk_elems: float | None = None) -> float:
         """Elements/s of the FP32 -> BF16 cast with `threads` threads; with `chunk_elems` and a
@@ -161,12 +165,16 @@ class HostSpec:
         return self.adam_params_per_s.at(threads)
 
     def team_dram_bps(self, threads: float) -> float:
-        """DRAM bytes/s the host reaches when its CPU work runs in teams of `threads` threads:
-        dram_bps (the most traffic any measured kernel moved, at any thread count) or, when
-        lower, the most traffic the measured kernels (Adam, the cast) moved at `threads`.
-        Fewer threads keep fewer memory requests in flight: on nvidia-h200-x2, Adam moves 150
-        GB/s at 24 threads against 164 at 32, and the executor's measured traces draw about
-        150 GB/s while its 24-thread update team runs (validation h200x2-8b-*)."""
+        """DRAM bytes/s the host reaches when its CPU work runs in teams of `threads` threads,
+        at most dram_bps (the most traffic any measured kernel moved, at any thread count):
+        measured, where the profile ran the cast and update teams at once (dram_teams) with
+        teams at least this large; else the most traffic the measured kernels (Adam, the cast)
+        moved at `threads`. Fewer threads keep fewer memory requests in flight: on
+        nvidia-h200-x2, Adam moves 150 GB/s at 24 threads against 164 at 32, and the executor's
+        measured traces draw about 150 GB/s while its 24-thread update team runs (validation
+        h200x2-8b-*)."""
+        if self.dram_teams is not None and threads >= min(self.dram_teams[:2]):
+            return min(self.dram_bps, self.dram_teams[2])
         kernels = max(self.adam_rate(threads) * self.adam_dram_bytes_per_param,
                       self.cast_rate(threads) * self.cast_dram_bytes_per_elem)
         return min(self.dram_bps, kernels)
@@ -270,8 +278,13 @@ def _pcie(t: Table) -> PcieSpec:
 def _host(t: Table) -> HostSpec:
     keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
-    src = _sources(t, keys + (["cast_chunk_gelem_per_s"] if t.has("cast_chunk_gelem_per_s")
-                              else []))
+    src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps")
+                              if t.has(k)])
+    teams = None
+    if t.has("dram_teams_gbps"):
+        teams = _triples([t.raw("dram_teams_gbps")], t.where, "host.dram_teams_gbps",
+                         "[cast threads, update threads, GB/s]")[0]
+        teams = (teams[0], teams[1], teams[2] * GB)
     cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
                                 "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
     adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
@@ -279,7 +292,7 @@ def _host(t: Table) -> HostSpec:
     h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
-                              src.get("cast_chunk_gelem_per_s", "")))
+                              src.get("cast_chunk_gelem_per_s", "")), teams)
     t.done()
     return h
 
