@@ -3,7 +3,8 @@
 # machine, then weak and strong scaling of Qwen3-8B and Qwen3-14B at sequence 4096 over 1, 2, 4
 # (and 8) GPUs, and the four routes at a host-bound and a GPU-bound batch, each launch writing a
 # JSONL that `slidedp validate --import-results` turns into validation cases (add a [[source]]
-# per file to validation/imports.toml, hardware = the profile written here).
+# per file to validation/imports.toml, hardware = the profile written here, traces = the
+# file's .traces folder: each case's last step, measured).
 #
 #   usage (from the repository root, on the device): bash benchmarks/scaling_x4x8.sh 4|8 OUTDIR
 #   device budget: ~6 min per model at R = 4 (8 steps per case); split the calls by model
@@ -31,7 +32,7 @@ for model in $MODELS; do
     ref=(ref:4)
     [ "$DEVICE" = cpu ] && ref=()  # the resident reference needs CUDA
     python3 "${run[@]}" "$OUT/$model-r1.jsonl" "$model" "${ref[@]}" "8:4:$G" "32:4:$G" \
-        --iters 6 --discard 2
+        --iters 6 --discard 2 --traces "$OUT/$model-r1.traces"
     for r in $RANKS; do
         cases=("$((8 * r)):4:$G" "32:4:$G")
         if [ "$r" = "$R" ]; then  # the four routes, host-bound (mb 1) and GPU-bound (per-GPU 8)
@@ -41,6 +42,7 @@ for model in $MODELS; do
             done
         fi
         python3 -m torch.distributed.run --standalone --nproc-per-node "$r" "${run[@]}" \
-            "$OUT/$model-r$r.jsonl" "$model" "${cases[@]}" --iters 8 --discard 4
+            "$OUT/$model-r$r.jsonl" "$model" "${cases[@]}" --iters 8 --discard 4 \
+            --traces "$OUT/$model-r$r.traces"
     done
 done
