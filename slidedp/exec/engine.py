@@ -63,10 +63,9 @@ after writing the host state between steps).
 Python's cyclic garbage collector: a step allocates a few objects per task (records, host
 times; the per-task threading events are the engine's, reused and cleared each step, as making
 them cost ~15 us each on the step's clock), and every few steps that garbage triggered a full
-collection, which walks
-every object the process holds (the model's modules, the template, the buffers' wrappers: some
-10^5 to 10^6) with the GIL held, stalling every agent thread, the one that launches the GPU's
-kernels included. Measured on the CPU (a 36-layer model, 7391 tasks, 371k objects): a full
+collection, which walks every object the process holds (the model's modules, the template, the
+buffers' wrappers: some 10^5 to 10^6) with the GIL held, stalling every agent thread, the one
+that launches the GPU's kernels included. Measured on the CPU (a 36-layer model, 7391 tasks, 371k objects): a full
 collection every 2 steps, 158 ms each, steps 1.08 s on average; on nvidia-h200, one step in
 five to eight took ~0.2 s longer than its neighbours (benchmarks/RESULTS.md). So after its first
 step the engine collects once and freezes what is alive then (gc.freeze: long-lived objects

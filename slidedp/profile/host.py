@@ -84,13 +84,13 @@ class HostBench:
     def cast_elems_per_s(self, threads: int) -> float:
         return self.elems / self._median_s(lambda: self.bf16.copy_(self.src), threads)
 
-    def adam_params_per_s(self, threads: int) -> float:
-        def step():
-            self.adam_steps += 1
-            # the parameter is `src` (the dram / cast runs only read it, so updating it is harmless)
-            adamw_chunk(self.src, self.dst, self.m, self.v, self.adam_steps, self.opt, self.opt.lr)
+    def _adam_step(self) -> None:
+        self.adam_steps += 1
+        # the parameter is `src` (the dram / cast runs only read it, so updating it is harmless)
+        adamw_chunk(self.src, self.dst, self.m, self.v, self.adam_steps, self.opt, self.opt.lr)
 
-        return self.elems / self._median_s(step, threads)
+    def adam_params_per_s(self, threads: int) -> float:
+        return self.elems / self._median_s(self._adam_step, threads)
 
     def teams_bps(self, cast_threads: int, update_threads: int, seconds: float) -> float:
         """DRAM bytes/s of a cast team and an update team running at once (module docstring):
@@ -99,10 +99,6 @@ class HostBench:
         cast_src = torch.full((self.elems,), 0.25)  # the cast's own source: Adam writes `src`
         moved, spans = [0.0, 0.0], [(0.0, 0.0), (0.0, 0.0)]
         go = threading.Barrier(2)
-
-        def adam():
-            self.adam_steps += 1
-            adamw_chunk(self.src, self.dst, self.m, self.v, self.adam_steps, self.opt, self.opt.lr)
 
         def team(i: int, threads: int, fn, nbytes: float) -> None:
             own_omp_team(threads)
@@ -118,7 +114,7 @@ class HostBench:
 
         workers = [threading.Thread(target=team, args=(0, cast_threads, lambda: self.bf16.copy_(
                        cast_src), self.elems * CAST_DRAM_BYTES_PER_ELEM)),
-                   threading.Thread(target=team, args=(1, update_threads, adam,
+                   threading.Thread(target=team, args=(1, update_threads, self._adam_step,
                                                        self.elems * ADAM_DRAM_BYTES_PER_PARAM))]
         for w in workers:
             w.start()

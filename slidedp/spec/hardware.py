@@ -282,9 +282,10 @@ def _host(t: Table) -> HostSpec:
                               if t.has(k)])
     teams = None
     if t.has("dram_teams_gbps"):
-        teams = _triples([t.raw("dram_teams_gbps")], t.where, "host.dram_teams_gbps",
-                         "[cast threads, update threads, GB/s]")[0]
-        teams = (teams[0], teams[1], teams[2] * GB)
+        (cast_t, update_t, gbps), = _triples([t.raw("dram_teams_gbps")], t.where,
+                                             "host.dram_teams_gbps",
+                                             "[cast threads, update threads, GB/s]")
+        teams = (cast_t, update_t, gbps * GB)
     cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
                                 "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
     adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
