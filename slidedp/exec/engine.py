@@ -65,13 +65,14 @@ times; the per-task threading events are the engine's, reused and cleared each s
 them cost ~15 us each on the step's clock), and every few steps that garbage triggered a full
 collection, which walks every object the process holds (the model's modules, the template, the
 buffers' wrappers: some 10^5 to 10^6) with the GIL held, stalling every agent thread, the one
-that launches the GPU's kernels included. Measured on the CPU (a 36-layer model, 7391 tasks, 371k objects): a full
-collection every 2 steps, 158 ms each, steps 1.08 s on average; on nvidia-h200, one step in
-five to eight took ~0.2 s longer than its neighbours (benchmarks/RESULTS.md). So after its first
-step the engine collects once and freezes what is alive then (gc.freeze: long-lived objects
-leave the generations the collector walks); a full collection then walks only the newer
-objects (<= 8.5 ms in the same CPU run, steps 0.94 s). close() unfreezes them (gc.freeze is
-process-wide: every frozen object, the caller's too, goes back to the collector).
+that launches the GPU's kernels included. Measured on the CPU (benchmarks/gc_probe.py: a
+36-layer model, 7391 tasks, 371k objects): a full collection every 2 steps, 158 ms each; on
+nvidia-h200, one step in five to eight took ~0.2 s longer than its neighbours
+(benchmarks/RESULTS.md). So after its first step the engine collects once and freezes what is
+alive then (gc.freeze: long-lived objects leave the generations the collector walks); a full
+collection then walks only the newer objects (0.7-1.7 ms in the same probe). close()
+unfreezes them (gc.freeze is process-wide: every frozen object, the caller's too, goes back to
+the collector).
 
 Data: every process gets the same global batch; rank r computes rows [r P, (r+1) P) with
 P = accum_steps x micro_batch. Compute tasks cover all of a rank's micro-batches for their unit
