@@ -124,3 +124,44 @@ def test_oversized_teams_slow_only_their_own_tasks(hw_chunks):
     d = task_durations(big, hw_chunks, wl)
     rates = np.array([hw_chunks.host.adam_rate(t) for t in big.threads[adam]])
     assert d[adam] == pytest.approx(big.work[adam] / (rates * 12 / 24))
+
+
+def _with_memory_cap(tmp_path, gbps: float):
+    text = (preset_dir() / "h200x2.toml").read_text()
+    path = tmp_path / f"mem{gbps:g}.toml"
+    path.write_text(text.replace("cast_dram_bytes_per_elem = 6\n",
+                                 f"cast_dram_bytes_per_elem = 6\ndram_dma_gbps = [24, 24, 2, {gbps}]\n",
+                                 1))
+    return load_hardware(str(path))
+
+
+def test_dma_draws_on_all_host_memory_traffic_only_when_that_is_measured(tmp_path):
+    """Without dram_dma the DMA counts against the teams' DRAM cap (host.dram); with it the DMA
+    and the CPU kernels share host.mem (all traffic), and only the CPU kernels draw host.dram."""
+    wl, g = _graph()
+    plain = load_hardware("h200x2")
+    for hw, mem in ((plain, False), (_with_memory_cap(tmp_path, 400.0), True)):
+        use = resource_use(g, hw, task_durations(g, hw, wl))
+        assert ("host.mem" in use.names) == mem
+        dram = use.index("host.dram")
+
+        def draws(kind):
+            v = int(np.flatnonzero(g.kind == int(kind))[0])
+            return {use.names[r] for r in use.res[use.ptr[v]:use.ptr[v + 1]]}
+
+        for dma in (Kind.H2D, Kind.D2H):
+            assert ("host.dram" in draws(dma)) != mem and ("host.mem" in draws(dma)) == mem
+        for cpu in (Kind.CAST, Kind.ADAM):
+            assert "host.dram" in draws(cpu) and ("host.mem" in draws(cpu)) == mem
+        if mem:
+            assert use.capacity[use.index("host.mem")] == 400e9
+        assert use.capacity[dram] == pytest.approx(hw.host.team_dram_bps(24))
+
+
+def test_a_larger_memory_cap_never_slows_the_prediction(tmp_path):
+    wl = Workload(load_model("qwen3-0.6b"), 512, 2, 1, 2)
+    plan = default_plan("nvswitch")
+    steps = [predict(hw, wl, plan).step_time_s
+             for hw in (load_hardware("h200x2"), _with_memory_cap(tmp_path, 100.0),
+                        _with_memory_cap(tmp_path, 1000.0))]
+    assert steps[2] <= steps[1] + 1e-9 and steps[2] <= steps[0] + 1e-9

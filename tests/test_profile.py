@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from slidedp.commands import profile as profile_cmd
+from slidedp.profile import host as host_mod
 from slidedp.profile import sizes as sizes_mod
 from slidedp.profile.assemble import Assembler, unmeasured
 from slidedp.profile.compute import LayerTiming, build_layer, forward, one_layer_config, rope
@@ -93,6 +94,43 @@ def test_the_two_teams_at_once_are_measured_at_the_default_team_size(profiled):
     if team > 1:  # smaller teams: the kernels' traffic at their size
         assert host.team_dram_bps(1) == pytest.approx(min(host.dram_bps, max(
             host.adam_rate(1) * 28, host.cast_rate(1) * 6)))
+
+
+def test_teams_run_counts_the_dma_loads_beside_them():
+    """teams_bps with extra loads (on GPUs: every GPU's copies) runs each from the common start
+    and adds its bytes; a failing load fails the run instead of reading low."""
+    bench = host_mod.HostBench(8 * 2**20, 0, 1)
+    calls = []
+    src, dst = torch.ones(2**20), torch.empty(2**20)
+
+    def load():
+        dst.copy_(src)
+        calls.append(1)
+
+    alone = bench.teams_bps(1, 1, 0.05)
+    both = bench.teams_bps(1, 1, 0.05, [(load, 8.0 * 2**20)])
+    assert len(calls) >= 2 and alone > 0 and both > 0  # a warm-up call, then timed ones
+
+    def broken():
+        raise RuntimeError("copy failed")
+
+    with pytest.raises(RuntimeError, match="teams-at-once"):
+        bench.teams_bps(1, 1, 0.05, [(broken, 1.0)])
+
+
+def test_memory_cap_with_dma_is_parsed_and_never_below_the_teams(tmp_path):
+    text = (preset_dir() / "h200x1.toml").read_text().replace(
+        "[host]\n", "[host]\ndram_teams_gbps = [12, 12, 110.0]\ndram_dma_gbps = [12, 12, 1, 150.0]\n", 1)
+    f = tmp_path / "dma.toml"
+    f.write_text(text)
+    host = load_hardware(str(f)).host
+    assert host.dram_dma == (12, 12, 1, 150e9) and host.memory_bps() == 150e9
+    f.write_text(text.replace("[12, 12, 1, 150.0]", "[12, 12, 1, 90.0]"))
+    assert load_hardware(str(f)).host.memory_bps() == min(load_hardware(str(f)).host.dram_bps, 110e9)
+    f.write_text(text.replace("[12, 12, 1, 150.0]", "[12, 12, 150.0]"))
+    with pytest.raises(SpecError, match="host.dram_dma_gbps"):
+        load_hardware(str(f))
+    assert load_hardware("h200x1").host.memory_bps() is None
 
 
 def test_bad_teams_row_is_rejected_naming_the_field(tmp_path):

@@ -111,3 +111,6 @@ def test_profile_command_writes_a_measured_spec(tmp_path, monkeypatch):
     assert "not measured here (a datasheet figure)" in hw.gpu.sources["peak_bf16_tflops"]
     measured_fabric = GPUS >= 2
     assert ("slidedp profile" in hw.fabric.sources["efficiency"]) == measured_fabric
+    cast_t, update_t, gpus, bps = hw.host.dram_dma  # the teams with every GPU's copies
+    assert (cast_t, update_t, gpus) == (*hw.host.dram_teams[:2], GPUS) and 1e9 < bps < 2e12
+    assert hw.host.memory_bps() >= hw.host.team_dram_bps(cast_t)

@@ -28,7 +28,9 @@ simulator shares them between concurrent tasks):
   gpu{r}.compute (seconds), gpu{r}.h2d, gpu{r}.d2h (bytes, per-GPU link per direction),
   gpu{r}.duplex (bytes, both directions), host.h2d, host.d2h, host.pcie (bytes, all GPUs:
   the host-side caps), host.dram (bytes; dram_bps: what the graph's largest CPU team reaches,
-  HostSpec.team_dram_bps), host.cores (core-seconds), fabric (seconds;
+  HostSpec.team_dram_bps: the CPU kernels, and the DMA too unless host.mem exists), host.mem
+  (bytes, only with a measured HostSpec.memory_bps: all host-memory traffic, the DMA's and the
+  CPU kernels'), host.cores (core-seconds), fabric (seconds;
   on a `pcie` fabric collectives also load each GPU's PCIe links and, since peer traffic
   crosses the root complex, the host-side all-GPU cap host.pcie).
 """
@@ -154,6 +156,10 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
     R = g.n_ranks
     names = [f"gpu{r}.{x}" for r in range(R) for x in ("compute", "h2d", "d2h", "duplex")]
     names += ["host.h2d", "host.d2h", "host.pcie", "host.dram", "host.cores", "fabric"]
+    memory_bps = hw.host.memory_bps()
+    if memory_bps is not None:
+        names.append("host.mem")
+    dma_dram = "host.dram" if memory_bps is None else "host.mem"  # where the DMA draws
     idx = {n: i for i, n in enumerate(names)}
     p, h = hw.pcie, hw.host
     cap = {f"gpu{r}.compute": 1.0 for r in range(R)}
@@ -161,12 +167,19 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         cap[f"gpu{r}.h2d"], cap[f"gpu{r}.d2h"], cap[f"gpu{r}.duplex"] = p.h2d_bps, p.d2h_bps, p.duplex_bps
     cap.update({"host.h2d": p.all_h2d_bps, "host.d2h": p.all_d2h_bps, "host.pcie": p.all_total_bps,
                 "host.dram": dram_bps(g, hw), "host.cores": float(h.cores), "fabric": 1.0})
+    if memory_bps is not None:
+        cap["host.mem"] = memory_bps
     pcie_fabric = hw.fabric.kind == "pcie"
     ptr, res, amt = [0], [], []
 
     def use(name, a):
         res.append(idx[name])
         amt.append(a)
+
+    def host_bytes(a):  # a CPU kernel's DRAM traffic: the teams' cap, and all traffic's
+        use("host.dram", a)
+        if memory_bps is not None:
+            use("host.mem", a)
 
     kinds, ranks, work = g.kind.tolist(), g.rank.tolist(), g.work.tolist()
     threads = held_cores(g).tolist()
@@ -178,19 +191,19 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
             use(f"gpu{r}.compute", dur[v])
         elif k in (Kind.H2D, Kind.ACT_RELOAD):
             use(f"gpu{r}.h2d", w), use(f"gpu{r}.duplex", w), use("host.h2d", w)
-            use("host.pcie", w), use("host.dram", w)
+            use("host.pcie", w), use(dma_dram, w)
         elif k in (Kind.D2H, Kind.ACT_OFFLOAD):
             use(f"gpu{r}.d2h", w), use(f"gpu{r}.duplex", w), use("host.d2h", w)
-            use("host.pcie", w), use("host.dram", w)
+            use("host.pcie", w), use(dma_dram, w)
         elif k == Kind.CAST:
-            use("host.dram", w * h.cast_dram_bytes_per_elem)
+            host_bytes(w * h.cast_dram_bytes_per_elem)
             use("host.cores", threads[v] * dur[v])
         elif k == Kind.ADAM:
-            use("host.dram", w * (h.adam_dram_bytes_per_param
-                                  + (h.cast_dram_bytes_per_elem if copy_pass else 0)))
+            host_bytes(w * (h.adam_dram_bytes_per_param
+                            + (h.cast_dram_bytes_per_elem if copy_pass else 0)))
             use("host.cores", threads[v] * dur[v])
         elif k == Kind.HOST_SUM:
-            use("host.dram", w)
+            host_bytes(w)
             use("host.cores", threads[v] * dur[v])
         elif k in (Kind.ALLGATHER, Kind.REDUCE):
             use("fabric", dur[v])

@@ -318,6 +318,15 @@ class Assembler:
                 "each in its own thread with its own OpenMP team as the executor runs them, at "
                 f"once for {TEAMS_S_PER_REPEAT * s.repeats:g} s: (6 B x cast elements + 28 B x "
                 "Adam parameters) / time")
+        if res.dram_dma is not None:
+            ct, ut, gpus, bps = res.dram_dma
+            t["dram_dma_gbps"] = [ct, ut, gpus, g4(bps / GB)]
+            t["sources"]["dram_dma_gbps"] = m.source(
+                f"measured: the teams-at-once run (dram_teams_gbps: cast {ct} + update {ut} "
+                f"threads) with each of {gpus} GPU(s) copying {s.stream_copies} x "
+                f"{max(s.chunk_mib)} MiB both ways at once, pinned (a thread per GPU), for "
+                f"{TEAMS_S_PER_REPEAT * s.repeats:g} s: (the teams' bytes + the copies' bytes) / "
+                "time, all host-memory traffic of the executor's mix")
         if chunked:
             chunks = sorted({c for c, _ in chunked})
             t["cast_chunk_gelem_per_s"] = [[c // MIB, n, g4(chunked[(c, n)] / 1e9)]

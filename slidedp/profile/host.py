@@ -14,6 +14,9 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          OpenMP team (engine.own_omp_team), both looping for the same wall time on buffers of
          their own: (6 B x cast elements + 28 B x Adam parameters) / time, the DRAM traffic the
          executor's default teams reach together (the model's host DRAM cap, HostSpec.team_dram_bps)
+  teams + DMA   the same with every GPU copying both ways at once beside them (PCIe: pinned
+         buffers, pcie.PcieBench.dma_loads): (the teams' bytes + the copies' bytes) / time, all the
+         host-memory traffic of the executor's mix (HostSpec.memory_bps)
 The cast is also measured by chunk size (CastChunkBench), as the executor runs the CAST task:
   cast chunk   staging[i % slots][:n].copy_(src[k n : (k + 1) n]) for a chunk of n elements
          (n = the chunk's BF16 bytes / 2, the PCIe chunk sizes of sizes.py), the source slice
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -92,34 +95,49 @@ class HostBench:
     def adam_params_per_s(self, threads: int) -> float:
         return self.elems / self._median_s(self._adam_step, threads)
 
-    def teams_bps(self, cast_threads: int, update_threads: int, seconds: float) -> float:
-        """DRAM bytes/s of a cast team and an update team running at once (module docstring):
-        one warm-up pass each, then both loop from a common start for `seconds`; the bytes both
-        moved over the time from the first start to the last end."""
+    def teams_bps(self, cast_threads: int, update_threads: int, seconds: float,
+                  dma: Sequence[tuple[Callable[[], None], float]] = ()) -> float:
+        """DRAM bytes/s of a cast team and an update team running at once (module docstring),
+        with `dma` loads beside them (each a call and the host-memory bytes one call moves, run
+        in a thread of its own: every GPU's copies, PcieBench.dma_loads): one warm-up call each,
+        then all loop from a common start for `seconds`; the bytes all moved over the time from
+        the first start to the last end."""
         cast_src = torch.full((self.elems,), 0.25)  # the cast's own source: Adam writes `src`
-        moved, spans = [0.0, 0.0], [(0.0, 0.0), (0.0, 0.0)]
-        go = threading.Barrier(2)
+        loads = [(cast_threads, lambda: self.bf16.copy_(cast_src),
+                  self.elems * CAST_DRAM_BYTES_PER_ELEM),
+                 (update_threads, self._adam_step, self.elems * ADAM_DRAM_BYTES_PER_PARAM),
+                 *((0, fn, nbytes) for fn, nbytes in dma)]
+        moved = [0.0] * len(loads)
+        spans = [(0.0, 0.0)] * len(loads)
+        go = threading.Barrier(len(loads))
+        errors: list[Exception] = []
 
-        def team(i: int, threads: int, fn, nbytes: float) -> None:
-            own_omp_team(threads)
-            fn()
-            go.wait()
-            t0 = time.perf_counter()
-            while True:
+        def load(i: int, threads: int, fn, nbytes: float) -> None:
+            try:
+                if threads:
+                    own_omp_team(threads)
                 fn()
-                moved[i] += nbytes
-                if (t1 := time.perf_counter()) - t0 >= seconds:
-                    break
-            spans[i] = (t0, t1)
+                go.wait()
+                t0 = time.perf_counter()
+                while True:
+                    fn()
+                    moved[i] += nbytes
+                    if (t1 := time.perf_counter()) - t0 >= seconds:
+                        break
+                spans[i] = (t0, t1)
+            except threading.BrokenBarrierError:
+                pass  # another load failed first
+            except Exception as e:  # noqa: BLE001 - re-raised by the calling thread below
+                errors.append(e)
+                go.abort()  # the others leave the barrier instead of waiting for this load
 
-        workers = [threading.Thread(target=team, args=(0, cast_threads, lambda: self.bf16.copy_(
-                       cast_src), self.elems * CAST_DRAM_BYTES_PER_ELEM)),
-                   threading.Thread(target=team, args=(1, update_threads, self._adam_step,
-                                                       self.elems * ADAM_DRAM_BYTES_PER_PARAM))]
+        workers = [threading.Thread(target=load, args=(i, *x)) for i, x in enumerate(loads)]
         for w in workers:
             w.start()
         for w in workers:
             w.join()
+        if errors:
+            raise RuntimeError(f"a load of the teams-at-once run failed: {errors[0]}") from errors[0]
         return sum(moved) / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 

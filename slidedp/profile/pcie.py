@@ -10,12 +10,15 @@ slidedp.exec.host_state), one source and one destination of the largest chunk pe
   all      every GPU at once, one host thread per GPU started together (a barrier), the same
            back-to-back copies in the given direction(s): bytes of all GPUs / (last finish -
            first start)
+  loads    the duplex copies of each GPU as a call that waits for them (dma_loads), for the
+           host's teams-at-once run (host.HostBench.teams_bps)
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -105,6 +108,17 @@ class PcieBench:
         if len(spans) != len(self.gpus):
             raise RuntimeError("a copy thread of the all-GPU PCIe run failed (see its traceback)")
         return max(e for _, e in spans) - min(s for s, _ in spans)
+
+    def dma_loads(self) -> list[tuple[Callable[[], None], float]]:
+        """Per GPU, a call that runs its duplex copies and waits for them, and the host-memory
+        bytes it moves."""
+        def duplex(g: _Gpu) -> None:
+            torch.cuda.set_device(g.dev)
+            g.stream_copies(DIRECTIONS, self.chunk_bytes, self.copies)
+            torch.cuda.synchronize(g.dev)
+
+        nbytes = len(DIRECTIONS) * self.copies * self.chunk_bytes
+        return [(lambda g=g: duplex(g), float(nbytes)) for g in self.gpus]
 
     def close(self) -> None:
         for g in self.gpus:

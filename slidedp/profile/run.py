@@ -49,6 +49,8 @@ class Results:
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
     # the cast and update teams at once: (cast threads, update threads, DRAM bytes/s)
     dram_teams: tuple[int, int, float] | None = None
+    # the same with every GPU's duplex copies: (cast threads, update threads, GPUs, bytes/s)
+    dram_dma: tuple[int, int, int, float] | None = None
     # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
     cast_chunk_elems_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
     cast_chunk_src_bytes: int = 0
@@ -180,11 +182,20 @@ class Profiler:
         def all_gpus(key: str, directions: tuple[str, ...]):
             r.pcie_all_bps[key] = self._pcie.all_gpus_bps(directions)
 
+        team = team_cores(self.m.cores)
+
+        def teams_and_dma():
+            bench = host.HostBench(r.host_bytes, s.warmup, s.repeats)
+            bps = bench.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats, self._pcie.dma_loads())
+            r.dram_dma = (team, team, gpus, bps)
+
         steps = [Step("pin host buffers", alloc)]
         steps += [Step(f"PCIe GPU {g} alone and duplex", lambda g=g: alone(g)) for g in range(gpus)]
         if gpus >= 2:
             steps += [Step(f"PCIe all GPUs {k}", lambda k=k, d=d: all_gpus(k, d))
                       for k, d in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("both", pcie.DIRECTIONS))]
+        steps.append(Step(f"cast and update teams of {team} threads with every GPU's copies",
+                          teams_and_dma))
         return [*steps, Step("unpin host buffers", self._free_pcie)]
 
     def _free_pcie(self) -> None:

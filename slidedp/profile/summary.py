@@ -31,6 +31,12 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
           f"{res.adam_params_per_s[n] / 1e9:.2f}",
           f"{res.adam_params_per_s[n] * spec.host.adam_dram_bytes_per_param / GB:.1f}"]
          for n in res.threads])]
+    if res.dram_teams is not None:
+        ct, ut, bps = res.dram_teams
+        line = f"host memory traffic: cast {ct} + update {ut} threads at once {bps / GB:.1f} GB/s"
+        if res.dram_dma is not None:
+            line += f"; with {res.dram_dma[2]} GPU(s) copying both ways {res.dram_dma[3] / GB:.1f} GB/s"
+        parts.append(line)
     if res.cast_chunk_elems_per_s:
         chunks = sorted({c for c, _ in res.cast_chunk_elems_per_s})
         ring = "pinned" if res.cast_chunk_pinned else "not pinned"

@@ -16,8 +16,11 @@ Resources (capacity per second; a task's demand is its draw divided by its durat
   host.h2d, host.d2h, host.pcie   host-side caps of all GPUs' DMA at once (per direction, and
                   both directions). On a `pcie` fabric, collectives load the GPUs' links too, so
                   all-gather / reduce traffic competes with H2D / D2H.
-  host.dram       host DRAM bandwidth, shared by DMA reads and writes, the FP32 -> BF16 cast,
-                  CPU Adam and the host-side gradient sum (bytes/s).
+  host.dram       host DRAM bandwidth as the CPU teams reach it, shared by the FP32 -> BF16
+                  cast, CPU Adam, the host-side gradient sum and, without host.mem, the DMA
+                  reads and writes (bytes/s).
+  host.mem        (with a profiled HostSpec.memory_bps) all host-memory traffic at once: the DMA
+                  and the CPU kernels (bytes/s).
   host.cores      the CPU core pool (cores). Not shared by speed but by threads, first (below).
   fabric          the GPU fabric (seconds of collective per second; nvswitch, nvlink-pairs and
                   pcie differ in the collective's duration, costs.task_durations).

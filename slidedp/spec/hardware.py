@@ -17,6 +17,8 @@ Schema (units in names):
               cast_dram_bytes_per_elem, source
               dram_teams_gbps = [cast threads, update threads, GB/s]  (optional) the DRAM traffic
               of a cast team and an update team at once (slidedp profile; HostSpec.team_dram_bps)
+              dram_dma_gbps = [cast threads, update threads, GPUs, GB/s]  (optional) the same with
+              every GPU copying both ways beside them: all host-memory traffic (HostSpec.memory_bps)
               cast_chunk_gelem_per_s = [[chunk_mib, threads, rate], ...]  (optional) the cast by
               chunk size: chunk_mib is the chunk's BF16 size (what H2D moves, as pcie.chunk_gbps;
               elements = chunk_mib MiB / 2 B); rows by chunk_mib, threads strictly increasing
@@ -150,6 +152,9 @@ class HostSpec:
     cast_chunk: tuple[tuple[float, RateCurve], ...] = ()
     # (cast threads, update threads, DRAM bytes/s) of the two teams at once; None: not measured
     dram_teams: tuple[float, float, float] | None = None
+    # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
+    # measured
+    dram_dma: tuple[float, float, float, float] | None = None
 
     def cast_rate(self, threads: float, chunk_elems: float | None = None) -> float:
         """Elements/s of the FP32 -> BF16 cast with `threads` threads; with `chunk_elems` and a
@@ -178,6 +183,16 @@ class HostSpec:
         kernels = max(self.adam_rate(threads) * self.adam_dram_bytes_per_param,
                       self.cast_rate(threads) * self.cast_dram_bytes_per_elem)
         return min(self.dram_bps, kernels)
+
+    def memory_bps(self) -> float | None:
+        """Bytes/s of all host-memory traffic at once, the GPUs' DMA included: measured where
+        the profile ran the teams with every GPU's copies (dram_dma), at least the teams' own
+        cap; None when not measured (the model then counts the DMA against the teams' cap,
+        graph/costs.py). On nvidia-h200-x4 the update and the host sum moved 146 and 209 GB/s
+        while four GPUs downloaded beside them, above the 163 GB/s of the teams alone."""
+        if self.dram_dma is None:
+            return None
+        return max(self.dram_dma[3], self.team_dram_bps(min(self.dram_dma[:2])))
 
 
 @dataclass(frozen=True)
@@ -278,14 +293,19 @@ def _pcie(t: Table) -> PcieSpec:
 def _host(t: Table) -> HostSpec:
     keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
-    src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps")
-                              if t.has(k)])
-    teams = None
+    src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
+                                          "dram_dma_gbps") if t.has(k)])
+    teams = dma = None
     if t.has("dram_teams_gbps"):
         (cast_t, update_t, gbps), = _triples([t.raw("dram_teams_gbps")], t.where,
                                              "host.dram_teams_gbps",
                                              "[cast threads, update threads, GB/s]")
         teams = (cast_t, update_t, gbps * GB)
+    if t.has("dram_dma_gbps"):
+        (cast_t, update_t, gpus, gbps), = _triples([t.raw("dram_dma_gbps")], t.where,
+                                                   "host.dram_dma_gbps",
+                                                   "[cast threads, update threads, GPUs, GB/s]", 4)
+        dma = (cast_t, update_t, gpus, gbps * GB)
     cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
                                 "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
     adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
@@ -293,17 +313,17 @@ def _host(t: Table) -> HostSpec:
     h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
-                              src.get("cast_chunk_gelem_per_s", "")), teams)
+                              src.get("cast_chunk_gelem_per_s", "")), teams, dma)
     t.done()
     return h
 
 
-def _triples(rows, where: str, name: str, shape: str) -> list[list]:
-    """A table of rows of three positive finite numbers (`shape` names them), else SpecError."""
+def _triples(rows, where: str, name: str, shape: str, width: int = 3) -> list[list]:
+    """A table of rows of `width` (3) positive finite numbers (`shape` names them), else SpecError."""
     if not isinstance(rows, list):
         raise SpecError(where, name, f"a list of {shape}, got {rows!r}")
     for r in rows:
-        if not (isinstance(r, list) and len(r) == 3
+        if not (isinstance(r, list) and len(r) == width
                 and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                         and v > 0 for v in r)):
             raise SpecError(where, name, f"{shape} positive numbers, got {r!r}")
