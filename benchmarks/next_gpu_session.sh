@@ -19,6 +19,12 @@
 #   bash benchmarks/next_gpu_session.sh h200-ratio OUT # nvidia-h200: issue 4's ratio after the GC fix
 #   HW=PROFILE bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # nvidia-h200: AutoPolicy vs sweep
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
+#   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
+#                                                      #   the 8B routes at R = 4 again (the host.mem
+#                                                      #   model on its own profile), 14B at R = 2
+# Left after the 2026-11-30 night calls, in order: `x2-val` and `h200` (profiles with dram_dma_gbps,
+# the validation cases re-measured: issue 6's maximum), `ap` twice (issue 8: GPU-bound mb 6 and
+# `ap 1 16384`), `x4` when lent (issue 7), each with 10 steps where the call allows.
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
 # a few; tar anything larger), then import with `slidedp validate --import-results`.
 set -euo pipefail
@@ -59,6 +65,10 @@ h200)  # nvidia-h200, one call: profile v3, the 4B GPU-bound batches with and wi
     # cases on the profile just measured (issue 6)
     python3 -m slidedp.cli profile --out "$OUT/h200-profile-v3.toml" --base h200x1 \
         --model qwen3-4b --micro-batch 1 2 4 6 8 --quick --name "h200-profile-$(date +%H%M)"
+    # the same profile again: how far two profiles of one lease differ (host rates varied by up
+    # to 31% between leases of this kind on 2026-11-30; 25 s)
+    python3 -m slidedp.cli profile --out "$OUT/h200-profile-again.toml" --base h200x1 \
+        --model qwen3-4b --micro-batch 4 --quick --name "h200-profile-again-$(date +%H%M)"
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b.jsonl" qwen3-4b ref:6 ref:8 \
         "6:6:$G:window_slots=36" "6:6:$G:window_slots=36:embedding_rows=true" \
         "8:8:$G:window_slots=36" "8:8:$G:window_slots=36:embedding_rows=true" --iters 8 --discard 3
@@ -104,7 +114,13 @@ rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_row
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
         "4:4:$G:window_slots=36:embedding_rows=true" "16:4:$G:window_slots=36" \
         "16:4:$G:window_slots=36:embedding_rows=true" --iters 6 --discard 3 ;;
+x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.mem cap), the 8B
+    # routes at R = 4 (host- and GPU-bound), Qwen3-14B at R = 2 (weak scaling's middle point)
+    python3 -m slidedp.cli profile --out "$OUT/h200x4-profile.toml" --base h200x4 \
+        --model qwen3-8b qwen3-14b --micro-batch 1 4 --quick --name "h200x4-profile-$(date +%H%M)"
+    STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
+    STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|ap|rows OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|ap|rows|x4 OUT" >&2
     exit 2 ;;
 esac

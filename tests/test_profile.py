@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import subprocess
 import sys
+import time
 import tomllib
 
 import pytest
@@ -442,3 +443,18 @@ def test_cast_chunk_table_loads(tmp_path):
 def test_bad_cast_chunk_table_is_rejected_naming_the_field(tmp_path, rows):
     with pytest.raises(SpecError, match="host.cast_chunk_gelem_per_s"):
         load_hardware(str(_with_cast_chunks(tmp_path, rows)))
+
+
+def test_a_timed_sample_repeats_short_kernels_for_its_minimum_duration():
+    from slidedp.profile.timing import wall_median_s
+    calls = []
+
+    def kernel():
+        time.sleep(0.004)
+        calls.append(1)
+
+    per_call = wall_median_s(kernel, 0, 3, min_s=0.03)
+    assert len(calls) >= 3 * 7  # each of the 3 samples ran until 30 ms had passed
+    assert 0.004 <= per_call < 0.03  # the time per call, not per sample
+    calls.clear()
+    assert wall_median_s(kernel, 0, 3) >= 0.004 and len(calls) == 3  # one call per sample

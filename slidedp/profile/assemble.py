@@ -263,8 +263,10 @@ class Assembler:
         def curve(rates: dict[int, float]) -> str:
             return ", ".join(f"{n} thr {rates[n] / 1e9:.2f}" for n in res.threads)
 
+        sample = (f" samples of at least {s.host_sample_s:g} s (the kernel repeated)"
+                  if s.host_sample_s else "")
         pool = ("torch.set_num_threads, threads not pinned (OpenMP placement), median of "
-                f"{s.repeats} after {s.warmup} warm-up")
+                f"{s.repeats}{sample} after {s.warmup} warm-up")
         adam_top = res.adam_params_per_s[res.threads[-1]]
         # DRAM capacity: the most traffic any measured kernel moved. A plain copy undercounts
         # (its writes also read the line first), so the Adam or cast traffic can exceed it; a

@@ -62,12 +62,13 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 class HostBench:
-    """FP32 buffers of `nbytes` each (src, dst, Adam's m and v) and a BF16 one, allocated once."""
+    """FP32 buffers of `nbytes` each (src, dst, Adam's m and v) and a BF16 one, allocated once;
+    each timed sample of a rate repeats its kernel for at least `sample_s`."""
 
-    def __init__(self, nbytes: int, warmup: int, repeats: int):
+    def __init__(self, nbytes: int, warmup: int, repeats: int, sample_s: float = 0.0):
         self.elems = nbytes // FP32
         self.nbytes = self.elems * FP32
-        self.warmup, self.repeats = warmup, repeats
+        self.warmup, self.repeats, self.sample_s = warmup, repeats, sample_s
         # filled by torch's parallel kernels (a random fill is single-threaded and slow); the
         # rates do not depend on the values, which stay finite and normal throughout
         self.src = torch.full((self.elems,), 0.5)
@@ -79,7 +80,7 @@ class HostBench:
 
     def _median_s(self, fn, threads: int) -> float:
         with torch_threads(threads):
-            return wall_median_s(fn, self.warmup, self.repeats)
+            return wall_median_s(fn, self.warmup, self.repeats, min_s=self.sample_s)
 
     def dram_bps(self, threads: int) -> float:
         return 2 * self.nbytes / self._median_s(lambda: self.dst.copy_(self.src), threads)

@@ -115,7 +115,7 @@ class Profiler:
         r.threads = s.threads(self.m.cores)
 
         def alloc():
-            self._host = host.HostBench(r.host_bytes, s.warmup, s.repeats)
+            self._host = host.HostBench(r.host_bytes, s.warmup, s.repeats, s.host_sample_s)
 
         def measure(n: int):
             r.dram_bps[n] = self._host.dram_bps(n)

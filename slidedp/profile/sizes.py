@@ -8,7 +8,9 @@ the default plan runs at are measured, not interpolated.
 The cast by chunk size uses the PCIe chunk sizes (`chunk_mib`, BF16 bytes on the wire). The
 sustained layer run keeps GPU 0 busy for about `sustained_s` seconds per (model, seq,
 micro-batch) point, half per activation policy, and at least `sustained_min_iters` iterations of
-each.
+each. A host rate's timed sample repeats its kernel for at least `host_sample_s` (the quick
+profile's buffers take ~40 ms an Adam pass: single passes read up to 30% apart between profiles
+of one machine kind, 2026-11-30).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Sizes:
     repeats: int  # timed runs; the median is kept
     sustained_s: float = 1.5  # back-to-back layer fwd + bwd per (model, seq, micro-batch) point
     sustained_min_iters: int = 6  # ... and at least this many iterations per policy
+    host_sample_s: float = 0.0  # a timed host-rate sample repeats its kernel for at least this
 
     def host_bytes(self, llc_bytes: int, ram_bytes: float) -> int:
         want = max(self.host_floor_bytes, int(self.llc_multiple * llc_bytes))
@@ -49,7 +52,7 @@ class Sizes:
 
 FULL = Sizes(host_floor_bytes=GIB, llc_multiple=4, thread_step=2, chunk_mib=(4, 16, 64, 256),
              stream_copies=8, collective_mib=(16, 64, 256), micro_batches=(1, 4, 16),
-             warmup=2, repeats=7, sustained_s=3.0, sustained_min_iters=8)
+             warmup=2, repeats=7, sustained_s=3.0, sustained_min_iters=8, host_sample_s=0.25)
 QUICK = Sizes(host_floor_bytes=256 * MIB, llc_multiple=2, thread_step=4, chunk_mib=(16, 64, 256),
               stream_copies=4, collective_mib=(64, 256), micro_batches=(1, 4), warmup=1,
-              repeats=3, sustained_s=1.5, sustained_min_iters=6)
+              repeats=3, sustained_s=1.5, sustained_min_iters=6, host_sample_s=0.1)

@@ -3,7 +3,7 @@
 `median_s` takes a function that runs once and returns its own duration (for runs that time
 themselves, e.g. several threads started together). `wall_median_s` times on the host clock with
 `sync` (e.g. torch.cuda.synchronize for work on several streams) before the clock starts and
-before it stops. `cuda_median_s` times work that `fn` enqueues on the current CUDA stream with
+before it stops, a sample repeating the call for at least `min_s` when given. `cuda_median_s` times work that `fn` enqueues on the current CUDA stream with
 CUDA events recorded around it on that stream: the GPU time of that work, with the host's launch
 time hidden when the queue runs ahead.
 """
@@ -28,13 +28,20 @@ def _none() -> None:
 
 
 def wall_median_s(fn: Callable[[], object], warmup: int, repeats: int,
-                  sync: Callable[[], None] = _none) -> float:
+                  sync: Callable[[], None] = _none, min_s: float = 0.0) -> float:
+    """Seconds per call of fn; with `min_s`, each timed sample calls fn until at least `min_s`
+    has passed and counts the time per call (short kernels: fewer samples at the clock's and
+    the machine's whims)."""
     def run_s() -> float:
         sync()
         t0 = time.perf_counter()
-        fn()
-        sync()
-        return time.perf_counter() - t0
+        calls = 0
+        while True:
+            fn()
+            calls += 1
+            sync()
+            if (t := time.perf_counter() - t0) >= min_s:
+                return t / calls
 
     return median_s(run_s, warmup, repeats)
 
