@@ -101,8 +101,11 @@ def test_import_writes_the_stored_cases(tmp_path):
     # 3 + 8 measured rows of the morning 8B runs, 6 of the morning 4B run; 6 of the afternoon
     # 4B run, 6 + 9 of the afternoon 8B runs (plan overrides: window, threads), 5 + 2 of the
     # 16:21 8B call, 3 + 2 (16:35 8B), 2 + 1 (16:41 14B), 1 + 4 (16:48 8B), 2 of 4 (18:50 4B:
-    # `skip` leaves out its two rows cases), 6 (19:03 4B), 2 (19:17 8B)
-    assert len(names) == 68
+    # `skip` leaves out its two rows cases), 6 (19:03 4B), 2 (19:17 8B); 1 + 2 + 1 + 8 (21:36-21:42
+    # x4 8B), 1 + 1 (x4 14B), 5 (21:53 4B)
+    assert len(names) == 87
+    traced = out / "h200x4-2142-qwen3-8b-r4-gb4-mb1-sharded-cpu-rank0-w36"  # `traces` field
+    assert (traced / store.MEASURED_TRACE).exists() and (traced / store.SIMULATED_TRACE).exists()
     assert not any(n.startswith("h200-1850-") and n.endswith("-rows") for n in names)
     assert "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32" in names
     # ran_threads: the folder keeps the requested plan's name, the stored plan what ran
@@ -129,7 +132,7 @@ def test_import_writes_the_stored_cases(tmp_path):
     assert four_b["hardware"]["preset"] == "h200x1"
     summary = (out / store.SUMMARY_MD).read_text()
     assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
-    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 69
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 88
 
 
 def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):
