@@ -12,7 +12,6 @@ import dataclasses
 import datetime
 import subprocess
 import sys
-import time
 import tomllib
 
 import pytest
@@ -109,8 +108,9 @@ def test_teams_run_counts_the_dma_loads_beside_them():
         calls.append(1)
 
     alone = bench.teams_bps(1, 1, 0.05)
-    both = bench.teams_bps(1, 1, 0.05, [(load, 8.0 * 2**20)])
-    assert len(calls) >= 2 and alone > 0 and both > 0  # a warm-up call, then timed ones
+    both = bench.teams_bps(1, 1, 0.05, [(load, 1e12)])  # a load said to move 1 TB a call
+    assert len(calls) >= 2 and alone > 0  # a warm-up call, then timed ones
+    assert both > 100 * alone  # its bytes are counted
 
     def broken():
         raise RuntimeError("copy failed")
@@ -119,15 +119,13 @@ def test_teams_run_counts_the_dma_loads_beside_them():
         bench.teams_bps(1, 1, 0.05, [(broken, 1.0)])
 
 
-def test_memory_cap_with_dma_is_parsed_and_never_below_the_teams(tmp_path):
+def test_memory_cap_with_dma_is_parsed(tmp_path):
     text = (preset_dir() / "h200x1.toml").read_text().replace(
         "[host]\n", "[host]\ndram_teams_gbps = [12, 12, 110.0]\ndram_dma_gbps = [12, 12, 1, 150.0]\n", 1)
     f = tmp_path / "dma.toml"
     f.write_text(text)
     host = load_hardware(str(f)).host
     assert host.dram_dma == (12, 12, 1, 150e9) and host.memory_bps() == 150e9
-    f.write_text(text.replace("[12, 12, 1, 150.0]", "[12, 12, 1, 90.0]"))
-    assert load_hardware(str(f)).host.memory_bps() == min(load_hardware(str(f)).host.dram_bps, 110e9)
     f.write_text(text.replace("[12, 12, 1, 150.0]", "[12, 12, 150.0]"))
     with pytest.raises(SpecError, match="host.dram_dma_gbps"):
         load_hardware(str(f))
@@ -445,16 +443,18 @@ def test_bad_cast_chunk_table_is_rejected_naming_the_field(tmp_path, rows):
         load_hardware(str(_with_cast_chunks(tmp_path, rows)))
 
 
-def test_a_timed_sample_repeats_short_kernels_for_its_minimum_duration():
-    from slidedp.profile.timing import wall_median_s
+def test_a_timed_sample_repeats_short_kernels_for_its_minimum_duration(monkeypatch):
+    from slidedp.profile import timing
+    clock = [0.0]  # a fake clock each kernel call advances by 4 ms: no sleeping, no load noise
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     calls = []
 
     def kernel():
-        time.sleep(0.004)
+        clock[0] += 0.004
         calls.append(1)
 
-    per_call = wall_median_s(kernel, 0, 3, min_s=0.03)
-    assert len(calls) >= 3 * 7  # each of the 3 samples ran until 30 ms had passed
-    assert 0.004 <= per_call < 0.03  # the time per call, not per sample
+    per_call = timing.wall_median_s(kernel, 0, 3, min_s=0.03)
+    assert len(calls) == 3 * 8  # each sample runs until 30 ms have passed: 8 calls of 4 ms
+    assert per_call == pytest.approx(0.004)  # the time per call, not per sample
     calls.clear()
-    assert wall_median_s(kernel, 0, 3) >= 0.004 and len(calls) == 3  # one call per sample
+    assert timing.wall_median_s(kernel, 0, 3) == pytest.approx(0.004) and len(calls) == 3

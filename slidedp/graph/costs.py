@@ -29,8 +29,8 @@ simulator shares them between concurrent tasks):
   gpu{r}.duplex (bytes, both directions), host.h2d, host.d2h, host.pcie (bytes, all GPUs:
   the host-side caps), host.dram (bytes; dram_bps: what the graph's largest CPU team reaches,
   HostSpec.team_dram_bps: the CPU kernels, and the DMA too unless host.mem exists), host.mem
-  (bytes, only with a measured HostSpec.memory_bps: all host-memory traffic, the DMA's and the
-  CPU kernels'), host.cores (core-seconds), fabric (seconds;
+  (bytes, only with a measured HostSpec.memory_bps, at least host.dram's cap: all host-memory
+  traffic, the DMA's and the CPU kernels'), host.cores (core-seconds), fabric (seconds;
   on a `pcie` fabric collectives also load each GPU's PCIe links and, since peer traffic
   crosses the root complex, the host-side all-GPU cap host.pcie).
 """
@@ -167,8 +167,8 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         cap[f"gpu{r}.h2d"], cap[f"gpu{r}.d2h"], cap[f"gpu{r}.duplex"] = p.h2d_bps, p.d2h_bps, p.duplex_bps
     cap.update({"host.h2d": p.all_h2d_bps, "host.d2h": p.all_d2h_bps, "host.pcie": p.all_total_bps,
                 "host.dram": dram_bps(g, hw), "host.cores": float(h.cores), "fabric": 1.0})
-    if memory_bps is not None:
-        cap["host.mem"] = memory_bps
+    if memory_bps is not None:  # all traffic: never a tighter cap than the CPU kernels' alone
+        cap["host.mem"] = max(memory_bps, cap["host.dram"])
     pcie_fabric = hw.fabric.kind == "pcie"
     ptr, res, amt = [0], [], []
 

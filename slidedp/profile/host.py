@@ -102,7 +102,8 @@ class HostBench:
         with `dma` loads beside them (each a call and the host-memory bytes one call moves, run
         in a thread of its own: every GPU's copies, PcieBench.dma_loads): one warm-up call each,
         then all loop from a common start for `seconds`; the bytes all moved over the time from
-        the first start to the last end."""
+        the first start to the last end. A load that raises stops the others at the start
+        barrier (or lets them finish) and the run raises RuntimeError from its error."""
         cast_src = torch.full((self.elems,), 0.25)  # the cast's own source: Adam writes `src`
         loads = [(cast_threads, lambda: self.bf16.copy_(cast_src),
                   self.elems * CAST_DRAM_BYTES_PER_ELEM),
@@ -128,7 +129,7 @@ class HostBench:
                 spans[i] = (t0, t1)
             except threading.BrokenBarrierError:
                 pass  # another load failed first
-            except Exception as e:  # noqa: BLE001 - re-raised by the calling thread below
+            except BaseException as e:  # noqa: BLE001 - re-raised by the calling thread below
                 errors.append(e)
                 go.abort()  # the others leave the barrier instead of waiting for this load
 

@@ -113,9 +113,9 @@ class PcieBench:
         """Per GPU, a call that runs its duplex copies and waits for them, and the host-memory
         bytes it moves."""
         def duplex(g: _Gpu) -> None:
-            torch.cuda.set_device(g.dev)
-            g.stream_copies(DIRECTIONS, self.chunk_bytes, self.copies)
-            torch.cuda.synchronize(g.dev)
+            with torch.cuda.device(g.dev):
+                g.stream_copies(DIRECTIONS, self.chunk_bytes, self.copies)
+                torch.cuda.synchronize(g.dev)
 
         nbytes = len(DIRECTIONS) * self.copies * self.chunk_bytes
         return [(lambda g=g: duplex(g), float(nbytes)) for g in self.gpus]

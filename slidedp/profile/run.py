@@ -184,9 +184,12 @@ class Profiler:
 
         team = team_cores(self.m.cores)
 
+        def teams_alloc():
+            self._host = host.HostBench(r.host_bytes, s.warmup, s.repeats)
+
         def teams_and_dma():
-            bench = host.HostBench(r.host_bytes, s.warmup, s.repeats)
-            bps = bench.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats, self._pcie.dma_loads())
+            bps = self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats,
+                                       self._pcie.dma_loads())
             r.dram_dma = (team, team, gpus, bps)
 
         steps = [Step("pin host buffers", alloc)]
@@ -194,8 +197,10 @@ class Profiler:
         if gpus >= 2:
             steps += [Step(f"PCIe all GPUs {k}", lambda k=k, d=d: all_gpus(k, d))
                       for k, d in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("both", pcie.DIRECTIONS))]
-        steps.append(Step(f"cast and update teams of {team} threads with every GPU's copies",
-                          teams_and_dma))
+        steps += [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", teams_alloc),
+                  Step(f"cast and update teams of {team} threads with every GPU's copies",
+                       teams_and_dma),
+                  Step("free host buffers", self._free_host)]
         return [*steps, Step("unpin host buffers", self._free_pcie)]
 
     def _free_pcie(self) -> None:

@@ -19,7 +19,7 @@ from slidedp.sim.result import SimResult  # noqa: E402
 
 COLOURS = {Channel.UPLOAD: "tab:blue", Channel.ACTIVATION: "tab:purple", Channel.COMPUTE: "tab:green",
            Channel.REDUCTION: "tab:orange", Channel.DOWNLOAD: "tab:cyan", Channel.UPDATE: "tab:brown"}
-LOAD_LANES = ("host.h2d", "host.d2h", "host.pcie", "host.dram", "host.cores", "fabric")
+LOAD_LANES = ("host.h2d", "host.d2h", "host.pcie", "host.dram", "host.mem", "host.cores", "fabric")
 
 
 def load_curve(res: SimResult, name: str) -> tuple[np.ndarray, np.ndarray]:

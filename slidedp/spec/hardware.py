@@ -186,13 +186,12 @@ class HostSpec:
 
     def memory_bps(self) -> float | None:
         """Bytes/s of all host-memory traffic at once, the GPUs' DMA included: measured where
-        the profile ran the teams with every GPU's copies (dram_dma), at least the teams' own
-        cap; None when not measured (the model then counts the DMA against the teams' cap,
-        graph/costs.py). On nvidia-h200-x4 the update and the host sum moved 146 and 209 GB/s
-        while four GPUs downloaded beside them, above the 163 GB/s of the teams alone."""
-        if self.dram_dma is None:
-            return None
-        return max(self.dram_dma[3], self.team_dram_bps(min(self.dram_dma[:2])))
+        the profile ran the teams with every GPU's copies (dram_dma); None when not measured
+        (the model then counts the DMA against the teams' cap; graph/costs.py never lets this
+        cap fall below that one). On nvidia-h200-x4 the host sum and Adam moved 209 and 146
+        GB/s of their own while four GPUs downloaded 131 GB of gradients beside them: more
+        host-memory traffic than the 163 GB/s the teams reached alone."""
+        return None if self.dram_dma is None else self.dram_dma[3]
 
 
 @dataclass(frozen=True)
