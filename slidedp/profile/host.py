@@ -112,7 +112,7 @@ class HostBench:
         moved = [0.0] * len(loads)
         spans = [(0.0, 0.0)] * len(loads)
         go = threading.Barrier(len(loads))
-        errors: list[Exception] = []
+        errors: list[BaseException] = []
 
         def load(i: int, threads: int, fn, nbytes: float) -> None:
             try:

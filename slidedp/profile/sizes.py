@@ -9,7 +9,7 @@ The cast by chunk size uses the PCIe chunk sizes (`chunk_mib`, BF16 bytes on the
 sustained layer run keeps GPU 0 busy for about `sustained_s` seconds per (model, seq,
 micro-batch) point, half per activation policy, and at least `sustained_min_iters` iterations of
 each. A host rate's timed sample repeats its kernel for at least `host_sample_s` (the quick
-profile's buffers take ~40 ms an Adam pass: single passes read up to 30% apart between profiles
+profile's buffers take ~40 ms an Adam pass: single passes read up to 31% apart between profiles
 of one machine kind, 2026-11-30).
 """
 

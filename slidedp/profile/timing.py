@@ -3,9 +3,10 @@
 `median_s` takes a function that runs once and returns its own duration (for runs that time
 themselves, e.g. several threads started together). `wall_median_s` times on the host clock with
 `sync` (e.g. torch.cuda.synchronize for work on several streams) before the clock starts and
-before it stops, a sample repeating the call for at least `min_s` when given. `cuda_median_s` times work that `fn` enqueues on the current CUDA stream with
-CUDA events recorded around it on that stream: the GPU time of that work, with the host's launch
-time hidden when the queue runs ahead.
+before it stops, a sample repeating the call for at least `min_s` when given. `cuda_median_s`
+times work that `fn` enqueues on the current CUDA stream with CUDA events recorded around it on
+that stream: the GPU time of that work, with the host's launch time hidden when the queue runs
+ahead.
 """
 
 from __future__ import annotations
