@@ -188,7 +188,7 @@ class HostSpec:
         """Bytes/s of all host-memory traffic at once, the GPUs' DMA included: measured where
         the profile ran the teams with every GPU's copies (dram_dma); None when not measured
         (the model then counts the DMA against the teams' cap; graph/costs.py never lets this
-        cap fall below that one). On nvidia-h200-x4 the host sum and Adam moved 209 and 146
+        cap fall below that one). On nvidia-h200-x4 the host sum and Adam moved 209 and 145
         GB/s of their own while four GPUs downloaded 131 GB of gradients beside them: more
         host-memory traffic than the 163 GB/s the teams reached alone."""
         return None if self.dram_dma is None else self.dram_dma[3]
