@@ -12,7 +12,9 @@ or ref:MICRO_BATCH for the compute-only reference (one process, before the host 
 The host state (random weights, slidedp.validate.runner.fill_random) is built once and trained
 through every case in turn; each case runs `--iters` steps, the mean of the steps after
 `--discard` is its step time. Rank 0 appends one JSON line per case to OUT (host PSS summed
-over the ranks: shared memory counts once in the sum; channel_s over every rank's tasks).
+over the ranks: shared memory counts once in the sum; channel_s over every rank's tasks;
+compute_idle_s: per GPU, the seconds of the last step its compute stream ran nothing, i.e. the
+exposed time, Timeline.compute_idle_s).
 The measurement itself is slidedp.validate.runner's (shared with `slidedp validate`).
 --traces DIR: rank 0 also writes each case's last step (every rank's tasks) as a Chrome trace,
 DIR/<importer.trace_file_name(case)>, which `slidedp validate --import-results` stores beside the
@@ -95,13 +97,16 @@ def main() -> int:
             os.makedirs(a.traces, exist_ok=True)
             save_trace(m.timeline, Path(a.traces) / trace_file_name(case))
         gpu_peak = None if m.gpu_peak_bytes is None else m.gpu_peak_bytes / GIB
+        idle = m.timeline.compute_idle_s() if m.timeline is not None else {}
         emit({"case": case, "global_batch": wl.global_batch, "micro_batch": wl.micro_batch,
               "accum": wl.accum_steps, "plan": plan_dict(plan), "param_route": pr, "grad_route": gr, "update_sharding": us,
               "step_s": m.step_time_s, "all_steps_s": [round(x, 4) for x in m.all_steps_s],
               "tokens_per_s": wl.tokens_per_step / m.step_time_s,
               "tflops_per_gpu": step_flops(spec, wl) / m.step_time_s / R / 1e12,
               "gpu_peak_gib": gpu_peak, "host_pss_gib_all_ranks": (m.host_pss_bytes or 0) / GIB,
-              "channel_s": m.channel_s, "loss_last": m.loss_last})
+              "channel_s": m.channel_s, "loss_last": m.loss_last,
+              # the last step: per GPU, the time its compute stream ran nothing (exposed)
+              "compute_idle_s": [round(idle[r], 4) for r in sorted(idle)]})
     if sess:
         sess.__exit__(None, None, None)
     else:

@@ -37,3 +37,5 @@ def test_multi_gpu_benchmark_runs_cases_with_plan_overrides(tmp_path):
     assert p.returncode == 0, p.stderr
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["plan"]["window_slots"] == 2 and row["accum"] == 2 and row["step_s"] > 0
+    (idle,) = row["compute_idle_s"]  # one GPU (here the CPU device): its exposed seconds
+    assert 0 <= idle < row["all_steps_s"][-1]

@@ -183,3 +183,16 @@ def test_step_join_orders_every_task_of_the_next_step(wl, plan):
         assert max(preds) <= last0
     free = build_graph(wl, dataclasses.replace(plan, step_join=False), cores=4, iterations=2)
     assert not np.any(free.edge_kind == EdgeKind.JOIN)
+
+
+def test_compute_idle_is_the_span_minus_each_ranks_compute_union():
+    from slidedp.graph.timeline import Record, Timeline
+
+    def rec(kind, rank, s, e, agent="a"):
+        return Record(0, kind, 1, rank, 0, agent, s, e)
+
+    tl = Timeline([rec("CAST", -1, 0.0, 0.5, "cast"), rec("FWD", 0, 0.5, 1.0),
+                   rec("BWD", 0, 0.8, 1.5),  # overlaps the FWD: counted once
+                   rec("FWD", 1, 0.5, 0.7), rec("ADAM", -1, 1.5, 2.0, "update")])
+    assert tl.compute_idle_s() == pytest.approx({0: 1.0, 1: 1.8})  # span 0..2 s
+    assert Timeline().compute_idle_s() == {}

@@ -72,6 +72,21 @@ class Timeline:
             out[r.kind] += r.end_s - r.start_s
         return {k: v for k, v in out.items() if v > 0}
 
+    def compute_idle_s(self) -> dict[int, float]:
+        """Per rank, the seconds its GPU's compute stream ran nothing: the timeline's span (first
+        start to last end, every record) minus the union of that rank's COMPUTE records. On a
+        measured step, what the host work and the transfers left exposed on that GPU."""
+        if not self.records:
+            return {}
+        t0 = min(r.start_s for r in self.records)
+        t1 = max(r.end_s for r in self.records)
+        by_rank: dict[int, list[tuple[float, float]]] = {}
+        for r in self.records:
+            if r.channel == "COMPUTE":
+                by_rank.setdefault(r.rank, []).append((r.start_s, r.end_s))
+        return {k: (t1 - t0) - sum(e - s for s, e in union_intervals(iv))
+                for k, iv in sorted(by_rank.items())}
+
     def to_rows(self) -> list[dict]:
         return [asdict(r) | {"channel": r.channel} for r in self.records]
 
