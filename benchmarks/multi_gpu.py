@@ -106,7 +106,7 @@ def main() -> int:
               "gpu_peak_gib": gpu_peak, "host_pss_gib_all_ranks": (m.host_pss_bytes or 0) / GIB,
               "channel_s": m.channel_s, "loss_last": m.loss_last,
               # the last step: per GPU, the time its compute stream ran nothing (exposed)
-              "compute_idle_s": [round(idle[r], 4) for r in sorted(idle)]})
+              "compute_idle_s": [round(x, 4) for x in idle.values()]})  # by rank
     if sess:
         sess.__exit__(None, None, None)
     else:

@@ -75,6 +75,11 @@ def case_name(prefix: str, c: Case) -> str:
     return name
 
 
+def _bytes(gib: float | None) -> int | None:
+    """GiB as written by the benchmarks -> bytes; None stays None (a CPU run has no GPU peak)."""
+    return None if gib is None else round(gib * GIB)
+
+
 def multi_gpu_rows(path: Path) -> list[tuple[Case, dict]]:
     """(case, measured figures) of each measured row of a benchmarks/multi_gpu.py JSONL."""
     out = []
@@ -93,8 +98,7 @@ def multi_gpu_rows(path: Path) -> list[tuple[Case, dict]]:
             "machine_detail": {"cpus": d["cpus"], "gpu": d["gpu"]},
             "step_time_s": d["step_s"], "all_steps_s": d["all_steps_s"],
             "tokens_per_s": d["tokens_per_s"], "channel_s": d["channel_s"],
-            "channel_s_scope": scope, "gpu_peak_bytes": (None if d["gpu_peak_gib"] is None  # a CPU run
-                                               else round(d["gpu_peak_gib"] * GIB)),
+            "channel_s_scope": scope, "gpu_peak_bytes": _bytes(d["gpu_peak_gib"]),
             "host_pss_bytes": round(d["host_pss_gib_all_ranks"] * GIB),
             "loss_last": d["loss_last"]}))
     return out
@@ -114,8 +118,7 @@ def _single_gpu(path: Path) -> list[tuple[Case, dict]]:
             "machine_detail": {"cpus": meta["cpus"], "gpu": meta["gpu"]},
             "step_time_s": d["step_s"], "all_steps_s": d["all_steps_s"],
             "tokens_per_s": d["tokens_per_s"], "channel_s": d["channel_s_last_step"],
-            "channel_s_scope": "last step", "gpu_peak_bytes": (None if d["gpu_peak_gib"] is None  # a CPU run
-                                               else round(d["gpu_peak_gib"] * GIB)),
+            "channel_s_scope": "last step", "gpu_peak_bytes": _bytes(d["gpu_peak_gib"]),
             "host_pss_bytes": round(d["host_pss_gib"] * GIB), "loss_last": d["loss_first_last"][1],
             "reference_step_s": d["reference_step_s"]}))
     return out
