@@ -17,7 +17,7 @@ from slidedp.model.predict import agent_busy_s, predict, step_saving_s
 from slidedp.model.traffic import deliveries_per_iteration, graph_traffic_bytes, layer_traffic_bytes
 from slidedp.spec.hardware import hardware_presets, load_hardware
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan, default_plan
+from slidedp.spec.plan import GradRoute, GradWiden, ParamRoute, Plan, default_plan
 from slidedp.spec.workload import Workload
 
 H200 = load_hardware("h200x2")
@@ -43,16 +43,21 @@ def scaled(hw, factor: float, *, cores: int | None = None):
 @pytest.mark.parametrize("route", list(ParamRoute))
 @pytest.mark.parametrize("grad", list(GradRoute))
 @pytest.mark.parametrize("ranks", [1, 2, 3])
-def test_traffic_matches_method_section_3(route, grad, ranks):
+@pytest.mark.parametrize("widen", list(GradWiden))
+def test_traffic_matches_method_section_3(route, grad, ranks, widen):
     m = load_model("tiny-qwen3")
     wl = Workload(m, 32, 2 * ranks, 2, ranks)
-    plan = Plan(param_route=route, grad_route=grad, h2d_chunk_mib=0.01, d2h_chunk_mib=0.01)
+    plan = Plan(param_route=route, grad_route=grad, h2d_chunk_mib=0.01, d2h_chunk_mib=0.01,
+                grad_widen=widen)
     g = build_graph(wl, plan, cores=8, iterations=1)
     for u, p in enumerate(g.unit_params):
         got = graph_traffic_bytes(g, 0, u)
         n = deliveries_per_iteration(g, 0, u)
         want = layer_traffic_bytes(p, ranks, plan)
-        q, grad_b = 2 * p, 4 * p  # BF16 up; FP32 back (widened on the GPU)
+        # BF16 up; back BF16 (widened by the update) or FP32 (widened on the GPU; the host sum
+        # of the cpu route adds FP32)
+        summed = grad == "cpu" and ranks > 1
+        q, grad_b = 2 * p, (2 if widen == "host" and not summed else 4) * p
         # the closed forms of method.md section 3, written out
         assert want["h2d"] == (q if (route == "sharded" and ranks > 1) else ranks * q)
         assert want["d2h"] == (grad_b if (grad == "gpu" or ranks == 1) else ranks * grad_b)
@@ -104,11 +109,13 @@ def test_gpu_bound_exact_case():
     assert pred.bound_by == "gpu"
 
 
-def test_host_dram_work_hand_computed():
-    """W(host.dram) = DMA bytes + cast 6 B/elem per delivery + Adam 28 B/param, summed by hand."""
+@pytest.mark.parametrize("widen, wire", [(GradWiden.HOST, 2), (GradWiden.GPU, 4)])
+def test_host_dram_work_hand_computed(widen, wire):
+    """W(host.dram) = DMA bytes + cast 6 B/elem per delivery + Adam 24 B/param + its gradient
+    read (2 B BF16, 4 B FP32), summed by hand."""
     m = load_model("tiny-qwen3")
     wl = Workload(m, 64, 1, 1, 1)
-    plan = Plan(window_slots=2)
+    plan = Plan(window_slots=2, grad_widen=widen)
     g = build_graph(wl, plan, cores=8, iterations=1)
     d = task_durations(g, H200, wl)
     rb = resource_bound(g, resource_use(g, H200, d), 0)
@@ -116,7 +123,7 @@ def test_host_dram_work_hand_computed():
     L, W = m.n_layers, 2
     layers_again = max(0, L - W) * m.layer_params()  # re-uploaded in backward
     uploads = n + layers_again
-    dram = uploads * 2 + n * 4 + uploads * 6 + n * 28
+    dram = uploads * 2 + n * wire + uploads * 6 + n * (24 + wire)
     # the DRAM rate the graph's 6-thread teams reach (cores 8 - 8 // 4): the measured kernels'
     # traffic at 6 threads, below the host's peak
     h = H200.host
@@ -138,15 +145,16 @@ def test_saving_rule():
     assert step_saving_s(1.0, host_s=1.0, compute_s=2.0) == 0.0
 
 
-def test_deferred_update_costs_memory_and_exposes_the_update():
-    """defer_update (exact clipping): +~4 B/param of host memory, and the CPU update, no longer
-    hidden under backward, adds most of its time to a host-heavy step."""
+@pytest.mark.parametrize("widen, wire", [(GradWiden.HOST, 2), (GradWiden.GPU, 4)])
+def test_deferred_update_costs_memory_and_exposes_the_update(widen, wire):
+    """defer_update (exact clipping): +~2 (BF16) or ~4 (FP32) B/param of host memory, and the CPU
+    update, no longer hidden under backward, adds most of its time to a host-heavy step."""
     wl = Workload(load_model("qwen3-4b"), 4096, 4, 4, 1)
-    plain = predict(H200, wl, Plan())
-    deferred = predict(H200, wl, Plan(defer_update=True))
-    n, chunk = wl.model.total_params(), 64 * 2**20  # FP32 gradient in whole 64 MiB chunks
+    plain = predict(H200, wl, Plan(grad_widen=widen))
+    deferred = predict(H200, wl, Plan(defer_update=True, grad_widen=widen))
+    n, chunk = wl.model.total_params(), 64 * 2**20  # the gradient in whole 64 MiB chunks
     grown = deferred.memory["host_bytes"] - plain.memory["host_bytes"]
-    assert 4 * n <= grown + 4 * chunk <= 4 * n + len(wl.model.unit_params()) * chunk
+    assert wire * n <= grown + 4 * chunk <= wire * n + len(wl.model.unit_params()) * chunk
     update_s = plain.busy_s["agent:cpu.update0"]
     assert deferred.step_time_s - plain.step_time_s >= 0.7 * update_s
     assert deferred.lower_bound_s == plain.lower_bound_s  # same work, less overlap

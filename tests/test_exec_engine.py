@@ -23,7 +23,7 @@ from slidedp.exec.engine import Engine
 from slidedp.graph.tasks import Kind
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import parse_hf_config
-from slidedp.spec.plan import Plan
+from slidedp.spec.plan import GradWiden, Plan
 from slidedp.spec.workload import Workload
 
 MIB = 2**20
@@ -131,6 +131,47 @@ def test_overlap_equals_sync_bit_for_bit():
     _check_overlap_equals_sync(CONFIGS["llama"], Plan(
         window_slots=2, h2d_chunk_mib=_elems(2500), d2h_chunk_mib=_elems(2500),
         offload_ratio=0.5, update_workers=2, host_bf16_copy=True))
+
+
+WIDEN_PLANS = {  # several gradient chunks per unit; clipping (deferred); the split embedding
+    "chunks": (Plan(window_slots=2, d2h_chunk_mib=_elems(2500), update_workers=2), None),
+    "clip": (Plan(window_slots=2, d2h_chunk_mib=_elems(2500)), 0.5),
+    "rows": (Plan(window_slots=2, d2h_chunk_mib=_elems(3000), embedding_rows=True), None),
+}
+
+
+@pytest.mark.parametrize("name", list(WIDEN_PLANS))
+def test_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(name, device="cpu"):
+    """plan.grad_widen: BF16 gradient chunks that the update widens (host) train bit for bit as
+    FP32 chunks widened before the download (gpu, chunks of twice the MiB: the same elements, so
+    the norm sums the same partial sums): losses, norms, parameters."""
+    plan, clip = WIDEN_PLANS[name]
+    cfg, batches = CONFIGS["qwen3"], _batches(CONFIGS["qwen3"], 4)
+    wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=4, micro_batch=2, gpus=1)
+    runs = []
+    for widen, mib in ((GradWiden.HOST, plan.d2h_chunk_mib), (GradWiden.GPU, 2 * plan.d2h_chunk_mib)):
+        eng = Engine(cfg, wl, replace(plan, grad_widen=widen, d2h_chunk_mib=mib),
+                     optimizer=replace(OPT, grad_clip=clip), device=device, dtype=torch.bfloat16)
+        try:
+            eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
+            results = [eng.step(ids, labels) for ids, labels in batches]
+            hs = eng.host_state
+            runs.append((results, [hs.unit_master(u).clone() for u in range(hs.n_units)],
+                         {t.dtype for ring in eng.rings.grad.values() for t in ring}))
+        finally:
+            eng.close()
+            hs.close()
+    (a, pa, ring_a), (b, pb, ring_b) = runs
+    assert (ring_a, ring_b) == ({torch.bfloat16}, {torch.float32})  # the two ran differently
+    assert [r.loss for r in a] == [r.loss for r in b]
+    assert [r.grad_norm for r in a] == [r.grad_norm for r in b]
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(WIDEN_PLANS))
+def test_cuda_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(name):
+    test_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(name, device="cuda")
 
 
 CLIP_PLAN = "w2-chunks"  # several gradient chunks per unit and a two-chunk ring: deferral must

@@ -65,11 +65,19 @@ def test_written_toml_loads_and_names_itself(profiled):
 def test_host_sources_name_the_command_the_date_and_the_machine(profiled):
     hw, m = load_hardware(str(profiled)), probe_machine()
     for key, text in hw.host.sources.items():
-        if key.endswith("_bytes_per_param") or key.endswith("_bytes_per_elem"):
+        if key.endswith(("_bytes_per_param", "_bytes_per_elem", "_bytes")):
             assert text.startswith("derived:")
         else:
             assert text.startswith(f"slidedp profile {TODAY} on {m.hostname} ({m.cpu_model}")
             assert "measured" in text
+
+
+def test_adam_is_timed_on_a_bf16_gradient(profiled):
+    """The profile's Adam reads the gradient as the default plan hands it over (BF16), and says
+    so; a hardware file without the key (earlier profiles, presets) read FP32."""
+    h = load_hardware(str(profiled)).host
+    assert (h.adam_grad_bytes, h.adam_dram_bytes_per_param) == (2, 26)
+    assert load_hardware("h200x1").host.adam_grad_bytes == 4
 
 
 def test_host_curves_follow_the_thread_counts(profiled):

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding, default_plan, load_plan
+from slidedp.spec.plan import (
+    GradRoute,
+    GradWiden,
+    ParamRoute,
+    Plan,
+    UpdateSharding,
+    default_plan,
+    load_plan,
+)
 from slidedp.spec.workload import Workload
 
 DEFAULTS = {"hardware": "h200x2", "model": "qwen3-8b", "seq": 4096, "micro_batch": 4}
@@ -48,6 +56,9 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g.add_argument("--no-step-join", action="store_true",
                    help="let step t+1 start under the version gates alone, without the executor's "
                    "join of every agent at the step boundary (a what-if: the executor joins)")
+    g.add_argument("--grad-widen", choices=[e.value for e in GradWiden],
+                   help="where a BF16 gradient chunk becomes FP32 for the CPU update: host "
+                   "(downloaded as BF16, 2 B/param; the default) or gpu (downloaded as FP32)")
     g.add_argument("--embedding-rows", action="store_true",
                    help="update the embedding in two parts, every row during the backward and "
                    "the looked-up rows after it, so that the step boundary carries only those "
@@ -90,7 +101,8 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "update_workers": args.update_workers, "host_bf16_copy": args.host_bf16_copy,
             "defer_update": getattr(args, "defer_update", None),  # train's options lack it
             "step_join": False if getattr(args, "no_step_join", False) else None,
-            "embedding_rows": True if getattr(args, "embedding_rows", False) else None}
+            "embedding_rows": True if getattr(args, "embedding_rows", False) else None,
+            "grad_widen": args.grad_widen and GradWiden(args.grad_widen)}
     try:
         plan = plan.with_overrides(**over)
     except SpecError as e:
@@ -111,4 +123,5 @@ def describe(r: Resolved) -> str:
             f"params {p.param_route}, grads {p.grad_route}, update {p.update_sharding} | chunks "
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
             f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}"
-            f"{' | embedding rows split' if p.splits_embedding else ''}")
+            f"{' | embedding rows split' if p.splits_embedding else ''} | gradients widened "
+            f"on the {p.grad_widen}")

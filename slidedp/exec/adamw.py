@@ -8,10 +8,20 @@ torch's fused CPU kernel (`torch._fused_adamw_`) is applied to the chunk views d
 of the parameters, and the result equals torch.optim.AdamW(fused=True) exactly (tests check it,
 and check the default for-loop implementation within rounding). Weight decay applies to every
 parameter, as torch.optim.AdamW(model.parameters()) does.
+
+A gradient in a narrower dtype (BF16, downloaded as is: plan.grad_widen = host) is widened to FP32
+WIDEN_BLOCK elements at a time into a per-thread scratch buffer, and each block updated there: the
+block stays in the cores' caches between the widening and the update, so host memory sees the 2 B
+read instead of a 4 B FP32 gradient (and no widening pass of its own). Widening is exact, so the
+result equals the update of the FP32 gradient bit for bit. torch's fused kernel wants every
+tensor in one dtype, hence the blocks. Clipping multiplies the FP32 gradient by its coefficient
+before the update, as clip_grad_norm_ does (in place for an FP32 gradient, in the scratch for a
+narrower one).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +46,10 @@ class AdamWConfig:
             raise SpecError("optimizer", "betas", f"two numbers in [0, 1), got {self.betas}")
 
 
+WIDEN_BLOCK = 1 << 20  # elements of a narrow gradient widened and updated at a time (4 MiB FP32)
+_scratch = threading.local()  # per update thread: its FP32 block, allocated once
+
+
 def adamw_chunk(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -44,11 +58,31 @@ def adamw_chunk(
     step: int,
     cfg: AdamWConfig,
     lr: float,
+    clip: float = 1.0,
 ) -> None:
-    """Update FP32 `param`, `exp_avg`, `exp_avg_sq` in place from FP32 `grad` (same shape).
+    """Update FP32 `param`, `exp_avg`, `exp_avg_sq` in place from `grad` (same shape; FP32, or
+    narrower and widened block by block: module docstring), times `clip` when below 1.
 
     `step` is the unit's step count including this update (1 for the first update).
     """
+    if grad.dtype == torch.float32:
+        if clip < 1.0:
+            grad.mul_(clip)
+        _fused(param, grad, exp_avg, exp_avg_sq, step, cfg, lr)
+        return
+    block = getattr(_scratch, "block", None)
+    if block is None:
+        block = _scratch.block = torch.empty(WIDEN_BLOCK, dtype=torch.float32)
+    for lo in range(0, len(grad), WIDEN_BLOCK):
+        hi = min(len(grad), lo + WIDEN_BLOCK)
+        wide = block[:hi - lo]
+        wide.copy_(grad[lo:hi])
+        if clip < 1.0:
+            wide.mul_(clip)
+        _fused(param[lo:hi], wide, exp_avg[lo:hi], exp_avg_sq[lo:hi], step, cfg, lr)
+
+
+def _fused(param, grad, exp_avg, exp_avg_sq, step: int, cfg: AdamWConfig, lr: float) -> None:
     steps = [torch.tensor(float(step))]
     torch._fused_adamw_(
         [param],

@@ -117,13 +117,14 @@ plan with defer_update (it sets it), so every ADAM of the step comes after every
 of the step (graph/build.py: DATA edges to the first ADAM of each update worker, waited on
 locally or through the shared counters). That first ADAM sums all of sq in float64 (every entry
 is final: its producer is a predecessor, in this process or another) and takes
-coef = min(1, max_norm / (norm + 1e-6)); every ADAM of the worker multiplies its FP32 chunk by
-coef in place when coef < 1, as clip_grad_norm_ multiplies the gradients (torch._fused_adamw_'s
-grad_scale would divide by 1/coef instead: not the same rounding). Every worker of every process
-computes the same coef from the same entries in the same order, so R ranks, any route, clip
-alike. Cost: the rings the ADAMs read hold a whole step's FP32 gradient (+4 B/param of host
-memory, model/memory.py), the update no longer overlaps backward (the CPU update is exposed
-after it), and a clipped step makes one more pass (read + write) over the gradient.
+coef = min(1, max_norm / (norm + 1e-6)); every ADAM of the worker multiplies its FP32 gradient
+by coef when coef < 1 (adamw.adamw_chunk: in place, or in the widened block of a BF16 chunk), as
+clip_grad_norm_ multiplies the gradients (torch._fused_adamw_'s grad_scale would divide by 1/coef
+instead: not the same rounding). Every worker of every process computes the same coef from the
+same entries in the same order, so R ranks, any route, clip alike. Cost: the rings the ADAMs read
+hold a whole step's gradient (+2 B/param of host memory as BF16, +4 as FP32: model/memory.py),
+the update no longer overlaps backward (the CPU update is exposed after it), and a clipped FP32
+gradient takes one more pass (read + write).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ from slidedp.exec.policy_runner import LayerState, PolicyRunner, kept_layout
 from slidedp.exec.staging import HostRings, PinnedPool
 from slidedp.exec.template import Template
 from slidedp.exec.window import Window
-from slidedp.graph.build import build_graph
+from slidedp.graph.build import FP32_BYTES, build_graph
 from slidedp.graph.tasks import Kind
 from slidedp.graph.timeline import Record, Timeline, union_intervals
 from slidedp.spec.errors import SpecError
@@ -286,13 +287,15 @@ class Engine:
         staging_elems, grad_elems = tpl.largest(Kind.CAST), tpl.largest(Kind.D2H)
         staging_numel = plan.staging_chunks * staging_elems
         grad_numel = HostRings.grad_numel(grad_chunks, grad_elems)
+        # downloaded gradients: FP32, or the compute dtype widened by the update (plan.grad_widen)
+        wire_dtype = torch.float32 if g.meta["grad_wire_bytes"] == FP32_BYTES else dtype
         if session is None:
             staging_flat = self.pool.empty(staging_numel, dtype)
-            grad_flat = self.pool.empty(grad_numel, torch.float32)
+            grad_flat = self.pool.empty(grad_numel, wire_dtype)
             self.sq = torch.empty(tpl.n_norm, dtype=torch.float32, pin_memory=self.cuda)
         else:
             staging_flat = self.pool.register(session.shared_tensor("staging", staging_numel, dtype))
-            grad_flat = self.pool.register(session.shared_tensor("grads", grad_numel, torch.float32))
+            grad_flat = self.pool.register(session.shared_tensor("grads", grad_numel, wire_dtype))
             self.sq = self.pool.register(session.shared_tensor("gradsq", tpl.n_norm, torch.float32))
         local_workers = sorted({tpl.worker[v] for v in range(tpl.n)
                                 if tpl.local[v] and tpl.kind[v] == Kind.ADAM})
@@ -303,9 +306,14 @@ class Engine:
         # D2H widens a gradient chunk to FP32 on the GPU (one buffer per D2H stream: its stream
         # order keeps the next widening behind the previous copy) and, where the chunk is the
         # aggregated gradient, squares it into sq_dev there, copied back into sq (module
-        # docstring, "Gradient norm"): the host makes one pass over the gradient (Adam's).
+        # docstring, "Gradient norm"): the host makes one pass over the gradient (Adam's). With
+        # BF16 rings it downloads the BF16 chunk itself (the embedding bulk's, whose looked-up
+        # rows are zeroed in the FP32 copy, narrowed again into d2h_narrow: exact).
         self.d2h_fp32 = (torch.empty(grad_elems, device=self.device, dtype=torch.float32)
                          if self.cuda else None)
+        self.d2h_narrow = (torch.empty(grad_elems, device=self.device, dtype=dtype)
+                           if self.cuda and wire_dtype != torch.float32 and self.split_embedding
+                           else None)
         self.sq_dev = (torch.empty(tpl.n_norm, device=self.device, dtype=torch.float32)
                        if self.cuda else None)
         self.local_sq = torch.tensor([tpl.norm_slot[v] for v in range(tpl.n)
@@ -761,7 +769,8 @@ class Engine:
             if bulk:
                 rows.zero_looked_up(dst, lo, hi)
             if j >= 0:
-                self.sq[j] = torch.dot(dst, dst)
+                wide = dst.float()
+                self.sq[j] = torch.dot(wide, wide)
             return
         wide = self.d2h_fp32[:hi - lo]
         wide.copy_(src)
@@ -770,7 +779,12 @@ class Engine:
         if j >= 0:
             self.sq_dev[j].copy_(torch.dot(wide, wide))
             self.sq[j:j + 1].copy_(self.sq_dev[j:j + 1], non_blocking=True)
-        dst.copy_(wide, non_blocking=True)
+        if dst.dtype == torch.float32:
+            dst.copy_(wide, non_blocking=True)
+        elif bulk:
+            dst.copy_(self.d2h_narrow[:hi - lo].copy_(wide), non_blocking=True)
+        else:
+            dst.copy_(src, non_blocking=True)
 
     def _run_host_sum(self, st, v):
         _, lo, hi = self._range(v)
@@ -802,8 +816,6 @@ class Engine:
         if v in self.clip_at:  # every gradient chunk of the step is in: its producers precede v
             st.clip[w] = min(1.0, self.opt.grad_clip / (math.sqrt(float(self.sq.double().sum()))
                                                         + 1e-6))
-        if st.clip[w] < 1.0:
-            g.mul_(st.clip[w])
         hs = self.host_state
         if tpl.g.rows[v]:
             if j1 > j0:
@@ -817,7 +829,7 @@ class Engine:
         if rows is not None and u == 0:  # the bulk: the looked-up rows keep their state
             rows.bulk_adam(w, p, g, m, var, lo, st.adam_step[0], self.opt, st.lr)
         else:
-            adamw_chunk(p, g, m, var, st.adam_step[u], self.opt, st.lr)
+            adamw_chunk(p, g, m, var, st.adam_step[u], self.opt, st.lr, st.clip[w])
         if hs.copy is not None:
             hs.unit_copy(u)[lo:hi].copy_(p)
 

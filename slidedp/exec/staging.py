@@ -1,13 +1,14 @@
 """Bounded host buffers for the copy engines: the upload staging ring and the gradient rings.
 
 The ring buffers are views of two flat host tensors (staging in the compute dtype, gradients in
-FP32), local and page-locked for one rank, or in shared memory when several rank processes share
+FP32 or, with plan.grad_widen = host, in the compute dtype: graph.build.grad_wire_bytes), local and page-locked for one rank, or in shared memory when several rank processes share
 them (every process maps and pins them):
     staging[i]      i < plan.staging_chunks: a CAST writes the chunk in the compute dtype, the
                     H2Ds of every rank read it (the graph's CAST `buffer`)
-    grad[(r, w)][i] the ring of rank r's FP32 gradient chunks for update worker w, i < its size
+    grad[(r, w)][i] the ring of rank r's gradient chunks for update worker w, i < its size
                     (graph.build.grad_ring_sizes): rank r's D2H writes it (widened to FP32 on the
-                    GPU, so Adam reads it as is), HOST_SUM or ADAM of worker w reads it (the
+                    GPU, or BF16 that Adam widens in cache), HOST_SUM (FP32 only) or ADAM of
+                    worker w reads it (the
                     graph's D2H / HOST_SUM / ADAM `buffer`); with one rank r = 0
     acc[w]          per update worker of this process, an FP32 chunk in which HOST_SUM adds the
                     ranks' chunks (private memory); none with defer_update, where HOST_SUM adds
@@ -61,7 +62,7 @@ class HostRings:
         """grad_chunks: the slots of each gradient ring, by ring key (rank, worker)."""
         if (staging_flat.numel() != staging_chunks * staging_elems
                 or grad_flat.numel() != self.grad_numel(grad_chunks, grad_elems)
-                or grad_flat.dtype != torch.float32):
+                or (acc_workers and grad_flat.dtype != torch.float32)):
             raise ValueError("HostRings: a flat buffer has the wrong size or dtype")
         self.staging = list(staging_flat.split([staging_elems] * staging_chunks))
         pieces = iter(grad_flat.split(grad_elems))

@@ -74,14 +74,23 @@ from collections import Counter
 import numpy as np
 
 from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, Kind, TaskGraph
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding, team_cores
+from slidedp.spec.plan import GradRoute, GradWiden, ParamRoute, Plan, UpdateSharding, team_cores
 from slidedp.spec.segments import keeps_beyond_input, policy_cost
 from slidedp.spec.workload import Workload
 
 MIB = 2**20
 PARAM_BYTES = 2  # BF16 on the wire (q in method.md section 3)
 GRAD_BYTES = 2  # BF16 gradients on the GPU (what REDUCE moves)
-GRAD_D2H_BYTES = 4  # widened to FP32 on the GPU before D2H, so the CPU update reads them as is
+FP32_BYTES = 4  # the master, the moments and the gradient the CPU update reads
+
+
+def grad_wire_bytes(plan: Plan, ranks: int) -> int:
+    """Bytes per element of a downloaded gradient chunk (D2H, the host rings): BF16 when the
+    update widens it on the host (plan.grad_widen = host), FP32 when the GPU widens it first, and
+    always FP32 on the cpu route with several ranks, whose HOST_SUM adds the ranks' chunks in FP32
+    (staging.host_sum: a sum of BF16 chunks into FP32 would cost an extra pass)."""
+    summed = plan.grad_route == GradRoute.CPU and ranks > 1
+    return GRAD_BYTES if plan.grad_widen == GradWiden.HOST and not summed else FP32_BYTES
 _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 
@@ -133,7 +142,8 @@ def grad_chunks(n: int, R: int, plan: Plan, align: int = 1) -> list[tuple[int, i
     process (R of them when the update is sharded) taking a contiguous share; every boundary a
     multiple of `align` (n must be one)."""
     scatter = plan.update_sharding == UpdateSharding.SHARDED and R > 1
-    d2h_chunk = max(align, int(plan.d2h_chunk_mib * MIB) // GRAD_D2H_BYTES // align * align)
+    wire = grad_wire_bytes(plan, R)
+    d2h_chunk = max(align, int(plan.d2h_chunk_mib * MIB) // wire // align * align)
     chunks = []
     for p, (lo, hi) in enumerate(update_shards(n, R, align) if scatter else [(0, n)]):
         for k, (a, z) in enumerate(chunk_ranges(lo, hi, d2h_chunk)):
@@ -268,6 +278,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
     n_workers = plan.update_workers * (R if scatter else 1)
     worker_threads = update_threads / n_workers
     h2d_chunk = max(1, int(plan.h2d_chunk_mib * MIB) // PARAM_BYTES)
+    wire = grad_wire_bytes(plan, R)
     W = plan.window_slots
     lf = m.layer_flops_per_token(wl.seq_len)
     hf = m.head_flops_per_token()
@@ -433,7 +444,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             downs = []
             for r in src_ranks:
                 i, prev = d2h_rings[(r, w)].take()
-                v = b.task(Kind.D2H, t, u, r, k0 + k, d2h[r], (hi - lo) * GRAD_D2H_BYTES * scale,
+                v = b.task(Kind.D2H, t, u, r, k0 + k, d2h[r], (hi - lo) * wire * scale,
                            lo, hi, buffer=i, rows=rows)
                 b.edge(red if red >= 0 else bwd[r], v, EdgeKind.DATA)
                 b.edges(prev, v, EdgeKind.BUFFER)
@@ -445,7 +456,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
                 # R - 1 additions, each reading two FP32 chunks and writing one (staging.host_sum),
                 # then the sum's squares for the gradient norm (one more read: engine._run_host_sum)
                 src = b.task(Kind.HOST_SUM, t, u, -1, k0 + k, update[w],
-                             (hi - lo) * GRAD_D2H_BYTES * (3 * (len(downs) - 1) + 1) * scale,
+                             (hi - lo) * FP32_BYTES * (3 * (len(downs) - 1) + 1) * scale,
                              lo, hi, threads=worker_threads, buffer=i, rows=rows)
                 for r, v, j in downs:
                     b.edge(v, src, EdgeKind.DATA)
@@ -650,6 +661,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
               "update_share": team_share(worker_threads, cores),
               "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm,
               "adam_writes_copy": plan.host_bf16_copy, "embedding_rows_elems": rows_elems,
+              "grad_wire_bytes": wire,
               "embedding_grad_align": m.hidden if rows_mode else 1},
     )
     return g

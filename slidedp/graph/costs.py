@@ -101,6 +101,14 @@ def held_cores(g: TaskGraph) -> np.ndarray:
     return g.threads * task_core_share(g)
 
 
+def adam_dram_bytes(g: TaskGraph, hw: HardwareSpec) -> float:
+    """Host DRAM bytes an ADAM moves per parameter: the hardware's figure, with the gradient the
+    graph's ADAMs read (2 B BF16 with plan.grad_widen = host, else 4) in place of the one the
+    profile's Adam read (host.adam_grad_bytes). The rate stays the measured one."""
+    wire = g.meta.get("grad_wire_bytes", ELEM_FP32)
+    return hw.host.adam_dram_bytes_per_param - hw.host.adam_grad_bytes + wire
+
+
 def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     """Seconds per task, alone on its agent (see the module docstring)."""
     kind, work = g.kind, g.work
@@ -184,6 +192,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
     kinds, ranks, work = g.kind.tolist(), g.rank.tolist(), g.work.tolist()
     threads = held_cores(g).tolist()
     copy_pass = bool(g.meta.get("adam_writes_copy"))
+    adam_bytes = adam_dram_bytes(g, hw)
     dur = durations.tolist()
     for v, k in enumerate(kinds):
         r, w = ranks[v], work[v]
@@ -199,8 +208,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
             host_bytes(w * h.cast_dram_bytes_per_elem)
             use("host.cores", threads[v] * dur[v])
         elif k == Kind.ADAM:
-            host_bytes(w * (h.adam_dram_bytes_per_param
-                            + (h.cast_dram_bytes_per_elem if copy_pass else 0)))
+            host_bytes(w * (adam_bytes + (h.cast_dram_bytes_per_elem if copy_pass else 0)))
             use("host.cores", threads[v] * dur[v])
         elif k == Kind.HOST_SUM:
             host_bytes(w)

@@ -16,14 +16,15 @@ GPU, per rank (bytes):
 Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
 with host_bf16_copy, pinned staging rings (the upload ring and the gradient rings of
 graph.build.grad_ring_sizes: with defer_update those hold a whole iteration's FP32 gradient,
-~4 x parameters), offloaded activations of every rank, the embedding rows' buffers (three FP32 row
-chunks per update worker, one FP32 and one zero chunk), and a runtime allowance per rank process
-(estimate).
+~2 or ~4 x parameters: graph.build.grad_wire_bytes), offloaded activations of every rank, the
+embedding rows' buffers (three FP32 row chunks per update worker, one FP32 and one zero chunk; an
+ADAM chunk holds d2h_chunk_mib of wire bytes, so twice the MiB in FP32 when gradients come as
+BF16), and a runtime allowance per rank process (estimate).
 """
 
 from __future__ import annotations
 
-from slidedp.graph.build import grad_ring_sizes, row_capacity
+from slidedp.graph.build import FP32_BYTES, grad_ring_sizes, grad_wire_bytes, row_capacity
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
@@ -77,7 +78,8 @@ def host_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
         "act_offload": R * plan.offload_ratio * kept,
         # saved rows (3 FP32 ADAM chunks per worker), the cast's rows, the untied zero gradient
         "embedding_rows": ((3 * plan.update_workers + 1 + (not m.tie_embeddings))
-                           * plan.d2h_chunk_mib * MIB if plan.splits_embedding else 0.0),
+                           * plan.d2h_chunk_mib * MIB * FP32_BYTES / grad_wire_bytes(plan, R)
+                           if plan.splits_embedding else 0.0),
         "runtime": R * HOST_RUNTIME_BYTES_PER_RANK,
     }
 

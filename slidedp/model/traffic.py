@@ -1,8 +1,10 @@
 """Traffic per layer and per step: the closed forms of method.md section 3, and the graph's sums.
 
 For a unit of P parameters, R ranks, q = 2 bytes per parameter on the wire, G = 2P gradient bytes
-on the GPU (BF16: what REDUCE moves) and G' = 4P gradient bytes on the wire back (widened to FP32
-on the GPU so that the CPU update reads them without a conversion pass), per delivery (forward, and again in backward unless the layer is still in the window):
+on the GPU (BF16: what REDUCE moves) and G' = wP gradient bytes on the wire back, w =
+graph.build.grad_wire_bytes (2: BF16, widened by the CPU update in cache, plan.grad_widen = host;
+4: widened to FP32 on the GPU, and always on the cpu route with R > 1), per delivery (forward, and
+again in backward unless the layer is still in the window):
     H2D        replicated R * q * P        sharded q * P        (+ ALLGATHER of q * P on the GPUs)
     D2H        gpu route  G'               cpu route R * G'     (+ REDUCE of G on the GPUs, gpu route)
 The two tests agree: the graph's per-kind sums equal these formulas for every route combination.
@@ -10,7 +12,7 @@ The two tests agree: the graph's per-kind sums equal these formulas for every ro
 
 from __future__ import annotations
 
-from slidedp.graph.build import GRAD_BYTES, GRAD_D2H_BYTES, PARAM_BYTES
+from slidedp.graph.build import GRAD_BYTES, PARAM_BYTES, grad_wire_bytes
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
 
@@ -22,7 +24,7 @@ def layer_traffic_bytes(params: int, ranks: int, plan: Plan) -> dict[str, float]
     """Bytes moved for one delivery and one gradient return of a unit of `params` parameters."""
     sharded = plan.param_route == ParamRoute.SHARDED and ranks > 1
     gpu_reduce = plan.grad_route == GradRoute.GPU
-    q, g, g_wire = PARAM_BYTES * params, GRAD_BYTES * params, GRAD_D2H_BYTES * params
+    q, g, g_wire = PARAM_BYTES * params, GRAD_BYTES * params, grad_wire_bytes(plan, ranks) * params
     return {
         "h2d": q if sharded else ranks * q,
         "allgather": q if sharded else 0.0,

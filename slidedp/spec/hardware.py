@@ -23,6 +23,8 @@ Schema (units in names):
               chunk size: chunk_mib is the chunk's BF16 size (what H2D moves, as pcie.chunk_gbps;
               elements = chunk_mib MiB / 2 B); rows by chunk_mib, threads strictly increasing
               within a chunk. When present, CAST tasks take it (cast_rate with chunk_elems)
+              adam_grad_bytes  (optional, default 4) bytes per parameter of the gradient the
+              measured Adam read: 2 (BF16) in profiles of 2026-12-01 on
   [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
               cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
               efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
@@ -155,6 +157,9 @@ class HostSpec:
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
     dram_dma: tuple[float, float, float, float] | None = None
+    # bytes per parameter of the gradient the measured Adam read (adam_params_per_s and
+    # adam_dram_bytes_per_param count it): 2 (BF16) from profiles of 2026-12-01 on, 4 before
+    adam_grad_bytes: float = 4.0
 
     def cast_rate(self, threads: float, chunk_elems: float | None = None) -> float:
         """Elements/s of the FP32 -> BF16 cast with `threads` threads; with `chunk_elems` and a
@@ -293,7 +298,7 @@ def _host(t: Table) -> HostSpec:
     keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
     src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
-                                          "dram_dma_gbps") if t.has(k)])
+                                          "dram_dma_gbps", "adam_grad_bytes") if t.has(k)])
     teams = dma = None
     if t.has("dram_teams_gbps"):
         (cast_t, update_t, gbps), = _triples([t.raw("dram_teams_gbps")], t.where,
@@ -312,7 +317,8 @@ def _host(t: Table) -> HostSpec:
     h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
-                              src.get("cast_chunk_gelem_per_s", "")), teams, dma)
+                              src.get("cast_chunk_gelem_per_s", "")), teams, dma,
+                 t.num("adam_grad_bytes") if t.has("adam_grad_bytes") else 4.0)
     t.done()
     return h
 

@@ -31,6 +31,11 @@ share, or zero when untied) while the rows the batch looked up keep their state,
 rows are updated after EMBED_BWD and re-sent (graph/build.py, "embedding rows"). Ignored with
 defer_update. The executor runs it (exec/embedding_rows.py), the simulator and the analytic model
 predict it (`--embedding-rows`; docs/embedding-rows.md); off by default until measured on a GPU.
+`grad_widen` says where a BF16 gradient chunk becomes FP32 for the CPU update: "host" (default)
+downloads it as BF16 (2 B/param over PCIe and into host memory) and the update widens it block by
+block in cache (exec/adamw.py), "gpu" widens it on the GPU and downloads FP32 (4 B/param). The
+values are the same either way (widening is exact). The cpu route with more than one GPU always
+downloads FP32: its host sum adds the ranks' chunks in FP32 (graph.build.grad_wire_bytes).
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ class ParamRoute(StrEnum):
 class GradRoute(StrEnum):
     GPU = "gpu"
     CPU = "cpu"
+
+
+class GradWiden(StrEnum):
+    GPU = "gpu"  # widened to FP32 on the GPU, downloaded as FP32 (4 B/param on the wire)
+    HOST = "host"  # downloaded in the compute dtype (2 B/param), widened by the update in cache
 
 
 class UpdateSharding(StrEnum):
@@ -86,6 +96,7 @@ class Plan:
     defer_update: bool = False  # every ADAM after every gradient chunk (clipping; +4 B/param host)
     step_join: bool = True  # every task of step t+1 after every task of step t (the executor's)
     embedding_rows: bool = False  # the embedding's update in two parts (see the module docstring)
+    grad_widen: GradWiden = GradWiden.HOST  # where a gradient chunk becomes FP32 (docstring)
 
     def __post_init__(self):
         checks = {
@@ -147,7 +158,7 @@ def team_cores(cores: int) -> int:
 
 
 _ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
-          "activation_policy": ActivationPolicy}
+          "activation_policy": ActivationPolicy, "grad_widen": GradWiden}
 
 
 def parse_plan(data: dict, where: str) -> Plan:

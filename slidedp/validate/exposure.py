@@ -7,7 +7,9 @@ what_ifs        one case re-simulated with one thing changed: PCIe x2 (every lin
                 cap), cores x2 (more threads for cast and update; the rate curves and DRAM stay),
                 global batch x2 (twice the accumulation), the other parameter or gradient route
                 (R > 1), the host BF16 copy flipped (the other way to feed the upload), the
-                embedding's split update flipped (plan.embedding_rows: the step tail). Each row
+                embedding's split update flipped (plan.embedding_rows: the step tail), the
+                gradients widened on the other side (plan.grad_widen: BF16 or FP32 downloads
+                and update reads). Each row
                 says the step-time change against the host-bound rule of method.md section 5:
                 removing delta_H of host work saves min(delta_H, H - C).
 """
@@ -23,7 +25,7 @@ from slidedp.model.predict import step_saving_s
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import HardwareSpec, load_hardware
-from slidedp.spec.plan import GradRoute, ParamRoute
+from slidedp.spec.plan import GradRoute, GradWiden, ParamRoute
 from slidedp.validate import store
 from slidedp.validate.cases import Case
 from slidedp.validate.predict import simulated_figures, stored_hardware
@@ -85,6 +87,8 @@ def variants(hw: HardwareSpec, case: Case) -> dict[str, tuple[HardwareSpec, Case
     out[f"host BF16 copy {copy}"] = (hw, replace(case, plan=replace(p, host_bf16_copy=not p.host_bf16_copy)))
     rows = "off" if p.embedding_rows else "on"
     out[f"embedding rows {rows}"] = (hw, replace(case, plan=replace(p, embedding_rows=not p.embedding_rows)))
+    widen = GradWiden.GPU if p.grad_widen == GradWiden.HOST else GradWiden.HOST
+    out[f"gradients widened on the {widen}"] = (hw, replace(case, plan=replace(p, grad_widen=widen)))
     return out
 
 
