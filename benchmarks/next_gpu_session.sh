@@ -17,6 +17,8 @@
 #   bash benchmarks/next_gpu_session.sh x2-val OUT    # nvidia-h200-x2: profile, the 8B validation cases,
 #                                                      #   8B embedding_rows on / off at R = 1 and 2
 #   bash benchmarks/next_gpu_session.sh h200-ratio OUT # nvidia-h200: issue 4's ratio after the GC fix
+#   bash benchmarks/next_gpu_session.sh h200-widen OUT # nvidia-h200: BF16 gradient downloads (GPU
+#                                                      #   tests, profile, 4B ratio host vs gpu widen)
 #   HW=PROFILE bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # nvidia-h200: AutoPolicy vs sweep
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
@@ -104,6 +106,20 @@ h200-ratio)  # nvidia-h200, one call: issue 4's ratio again after the garbage-co
         "5:5:$G:window_slots=36" "5:5:$G:window_slots=36:embedding_rows=true" \
         "6:6:$G:window_slots=36:embedding_rows=true" --iters 10 --discard 5 \
         --traces "$OUT/h200-4b-ratio.traces" ;;
+h200-widen)  # nvidia-h200, one call: the GPU tests of BF16 gradient downloads (plan.grad_widen),
+    # a profile (Adam timed on a BF16 gradient), then issue 4's ratio at mb 4 and 5 with the
+    # gradients widened on the host (default) against on the GPU, by the protocol (10 steps, mean
+    # of 6-10)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_exec_engine.py \
+        -k "widen or bf16" 2>&1 | tail -5
+    python3 -m slidedp.cli profile --out "$OUT/h200-profile.toml" --base h200x1 \
+        --model qwen3-4b --micro-batch 4 5 --quick --name "h200-profile-$(date +%H%M)"
+    GPU_WIDEN='grad_widen="gpu"'
+    python3 benchmarks/multi_gpu.py "$OUT/h200-4b-widen.jsonl" qwen3-4b ref:4 ref:5 \
+        "4:4:$G:window_slots=36:embedding_rows=true" "4:4:$G:window_slots=36:embedding_rows=true:$GPU_WIDEN" \
+        "4:4:$G:window_slots=36" "5:5:$G:window_slots=36:embedding_rows=true" \
+        "5:5:$G:window_slots=36:embedding_rows=true:$GPU_WIDEN" --iters 10 --discard 5 \
+        --traces "$OUT/h200-4b-widen.traces" ;;
 ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against the real sweep,
     # Qwen3-4B at a GPU-bound micro-batch (issue 8); `ap MB SEQ` for other shapes, e.g. the
     # long-sequence case `ap 1 16384`; the profile of the h200-ratio call via HW=...
@@ -121,6 +137,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|ap|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|ap|rows|x4 OUT" >&2
     exit 2 ;;
 esac
