@@ -76,18 +76,19 @@ h200)  # nvidia-h200, one call: profile v3, the 4B GPU-bound batches with and wi
         "8:8:$G:window_slots=36" "8:8:$G:window_slots=36:embedding_rows=true" --iters 8 --discard 3
     python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-v3.toml" \
         --cases validation/cases-h200-4b.toml --machine nvidia-h200 --out "$OUT/val" ;;
-x2-val)  # nvidia-h200-x2, one call: profile, the 8B validation cases (host-bound and GPU-bound,
-    # both routes of each kind, 64 and 256 MiB chunks, 1 and 2 GPUs; issue 6), then 8B (untied)
-    # with and without embedding_rows beside the reference, R = 1 and R = 2
+x2-val)  # nvidia-h200-x2, one call: profile (Adam on FP32 and BF16 gradients, the teams with
+    # DMA), the BF16-gradient Adam by widening block, the 8B validation cases (host-bound and
+    # GPU-bound, both routes of each kind, 64 and 256 MiB chunks, 1 and 2 GPUs; issue 6), then the
+    # host-bound R = 2 case with the gradients widened on the host against on the GPU
     python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
         --model qwen3-8b --micro-batch 1 4 --quick --name "h200x2-profile-$(date +%H%M)"
+    python3 benchmarks/widen_block_probe.py "$OUT/widen-blocks.json" --threads 12 24
     python3 -m slidedp.cli validate --hardware "$OUT/h200x2-profile.toml" \
         --cases validation/cases-h200x2-8b.toml --machine nvidia-h200-x2 --out "$OUT/val"
-    python3 benchmarks/multi_gpu.py "$OUT/8b-rows-r1.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
-        "4:4:$G:window_slots=36:embedding_rows=true" --iters 6 --discard 3
+    HOST_WIDEN='grad_widen="host"'
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
-        "$OUT/8b-rows-r2.jsonl" qwen3-8b "16:4:$G:window_slots=36" \
-        "16:4:$G:window_slots=36:embedding_rows=true" --iters 5 --discard 2 ;;
+        "$OUT/8b-widen-r2.jsonl" qwen3-8b "2:1:$G:window_slots=36" "2:1:$G:window_slots=36:$HOST_WIDEN" \
+        --iters 6 --discard 3 ;;
 h200-rows)  # nvidia-h200, one call: the 4B smallest GPU-bound micro-batch with the tied bulk
     # spread over the backward (embedding_rows), beside the references, and the 200-step loss run
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b-rows.jsonl" qwen3-4b ref:4 ref:5 ref:6 ref:8 \

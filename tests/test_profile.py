@@ -65,19 +65,23 @@ def test_written_toml_loads_and_names_itself(profiled):
 def test_host_sources_name_the_command_the_date_and_the_machine(profiled):
     hw, m = load_hardware(str(profiled)), probe_machine()
     for key, text in hw.host.sources.items():
-        if key.endswith(("_bytes_per_param", "_bytes_per_elem", "_bytes")):
+        if key.endswith(("_bytes_per_param", "_bytes_per_elem")):
             assert text.startswith("derived:")
         else:
             assert text.startswith(f"slidedp profile {TODAY} on {m.hostname} ({m.cpu_model}")
             assert "measured" in text
 
 
-def test_adam_is_timed_on_a_bf16_gradient(profiled):
-    """The profile's Adam reads the gradient as the default plan hands it over (BF16), and says
-    so; a hardware file without the key (earlier profiles, presets) read FP32."""
+def test_adam_is_timed_on_both_gradients(profiled):
+    """The profile times Adam on an FP32 gradient and on a BF16 one widened in cache
+    (plan.grad_widen = host), each at every thread count; the model takes the one a plan runs,
+    the FP32 curve where a hardware file lacks the other (earlier profiles, presets)."""
     h = load_hardware(str(profiled)).host
-    assert (h.adam_grad_bytes, h.adam_dram_bytes_per_param) == (2, 26)
-    assert load_hardware("h200x1").host.adam_grad_bytes == 4
+    curve = h.adam_bf16_grad_params_per_s
+    assert curve is not None and h.adam_rate(1, 2) == curve.at(1) != h.adam_rate(1, 4)
+    assert h.adam_rate(2, 4) == h.adam_params_per_s.at(2)
+    preset = load_hardware("h200x1").host
+    assert preset.adam_bf16_grad_params_per_s is None and preset.adam_rate(4, 2) == preset.adam_rate(4)
 
 
 def test_host_curves_follow_the_thread_counts(profiled):
@@ -196,6 +200,7 @@ def _fake_results(fwd_s: float = 0.004) -> Results:
     r = Results(host_bytes=4 * MIB, threads=[1, 2, 4])
     for n in r.threads:
         r.dram_bps[n], r.cast_elems_per_s[n], r.adam_params_per_s[n] = 20e9 * n, 1e9 * n, 0.5e9 * n
+        r.adam_bf16_grad_params_per_s[n] = 0.4e9 * n
     for g in range(2):
         for d in ("h2d", "d2h"):
             for c in (1, 4):

@@ -57,8 +57,9 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
                    help="let step t+1 start under the version gates alone, without the executor's "
                    "join of every agent at the step boundary (a what-if: the executor joins)")
     g.add_argument("--grad-widen", choices=[e.value for e in GradWiden],
-                   help="where a BF16 gradient chunk becomes FP32 for the CPU update: host "
-                   "(downloaded as BF16, 2 B/param; the default) or gpu (downloaded as FP32)")
+                   help="where a BF16 gradient chunk becomes FP32 for the CPU update: gpu "
+                   "(downloaded as FP32; the default) or host (downloaded as BF16, 2 B/param, "
+                   "widened by the update: more CPU time)")
     g.add_argument("--embedding-rows", action="store_true",
                    help="update the embedding in two parts, every row during the backward and "
                    "the looked-up rows after it, so that the step boundary carries only those "
@@ -102,7 +103,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "defer_update": getattr(args, "defer_update", None),  # train's options lack it
             "step_join": False if getattr(args, "no_step_join", False) else None,
             "embedding_rows": True if getattr(args, "embedding_rows", False) else None,
-            "grad_widen": args.grad_widen and GradWiden(args.grad_widen)}
+            "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen)}
     try:
         plan = plan.with_overrides(**over)
     except SpecError as e:

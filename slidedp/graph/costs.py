@@ -101,12 +101,15 @@ def held_cores(g: TaskGraph) -> np.ndarray:
     return g.threads * task_core_share(g)
 
 
+def grad_bytes(g: TaskGraph) -> int:
+    """Bytes per element of the gradient the graph's ADAMs read (graph.build.grad_wire_bytes)."""
+    return int(g.meta.get("grad_wire_bytes", ELEM_FP32))
+
+
 def adam_dram_bytes(g: TaskGraph, hw: HardwareSpec) -> float:
-    """Host DRAM bytes an ADAM moves per parameter: the hardware's figure, with the gradient the
-    graph's ADAMs read (2 B BF16 with plan.grad_widen = host, else 4) in place of the one the
-    profile's Adam read (host.adam_grad_bytes). The rate stays the measured one."""
-    wire = g.meta.get("grad_wire_bytes", ELEM_FP32)
-    return hw.host.adam_dram_bytes_per_param - hw.host.adam_grad_bytes + wire
+    """Host DRAM bytes an ADAM moves per parameter: the hardware's figure (an FP32 gradient)
+    with the gradient the graph's ADAMs read (2 B BF16 with plan.grad_widen = host)."""
+    return hw.host.adam_dram_bytes_per_param - ELEM_FP32 + grad_bytes(g)
 
 
 def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
@@ -137,7 +140,8 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
         d[idx] = cast_s(idx)
     idx = np.flatnonzero(sel[Kind.ADAM])
     if len(idx):
-        rates = np.array([hw.host.adam_rate(t) for t in g.threads[idx]]) * share[idx]
+        gb = grad_bytes(g)
+        rates = np.array([hw.host.adam_rate(t, gb) for t in g.threads[idx]]) * share[idx]
         d[idx] = work[idx] / rates
         if g.meta.get("adam_writes_copy"):
             d[idx] += cast_s(idx)

@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import statistics
 
+from slidedp.exec.adamw import WIDEN_BLOCK
 from slidedp.profile.compute import LayerTiming
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes, gpu_link_matrix, nv_peers
-from slidedp.profile.host import (
-    ADAM_DRAM_BYTES_PER_PARAM,
-    ADAM_GRAD_BYTES,
-    CAST_DRAM_BYTES_PER_ELEM,
-)
+from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_ELEM
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
 from slidedp.profile.run import TEAMS_S_PER_REPEAT, Request, Results
@@ -288,8 +285,9 @@ class Assembler:
             "dram_gbps": g4(moved[dram_from] / GB),
             "cast_gelem_per_s": [[n, g4(res.cast_elems_per_s[n] / 1e9)] for n in res.threads],
             "adam_gparam_per_s": [[n, g4(res.adam_params_per_s[n] / 1e9)] for n in res.threads],
+            "adam_bf16_grad_gparam_per_s": [[n, g4(res.adam_bf16_grad_params_per_s[n] / 1e9)]
+                                            for n in res.threads],
             "adam_dram_bytes_per_param": ADAM_DRAM_BYTES_PER_PARAM,
-            "adam_grad_bytes": ADAM_GRAD_BYTES,
             "cast_dram_bytes_per_elem": CAST_DRAM_BYTES_PER_ELEM,
             "source": m.source(f"measured on {mib} MiB buffers (LLC {m.llc_bytes // MIB} MiB)"),
             "sources": {
@@ -307,14 +305,16 @@ class Assembler:
                     + pool),
                 "adam_gparam_per_s": m.source(
                     "measured: torch fused CPU AdamW (slidedp.exec.adamw.adamw_chunk, as "
-                    f"torch.optim.AdamW(fused=True)) on {mib // 4}M FP32 parameters with a BF16 "
-                    "gradient widened block by block in cache (exec/adamw.py, as the default "
-                    f"plan.grad_widen = host runs it), params / time; {pool}; at "
-                    f"{res.threads[-1]} threads "
+                    f"torch.optim.AdamW(fused=True)) on {mib // 4}M FP32 parameters with an FP32 "
+                    "gradient (as the GPU widened it: plan.grad_widen = gpu), params / time; "
+                    f"{pool}; at {res.threads[-1]} threads "
                     f"{adam_top * ADAM_DRAM_BYTES_PER_PARAM / GB:.0f} GB/s of state traffic"),
-                "adam_dram_bytes_per_param": "derived: read p, m, v (FP32) and g (BF16), "
-                                             "write p, m, v (6 x 4 B + 2 B)",
-                "adam_grad_bytes": "derived: the timed Adam reads a BF16 gradient",
+                "adam_bf16_grad_gparam_per_s": m.source(
+                    f"measured: the same Adam on a BF16 gradient, widened {WIDEN_BLOCK} elements "
+                    "at a time in cache (slidedp.exec.adamw.adamw_chunk, as plan.grad_widen = "
+                    f"host runs it), params / time; {pool}"),
+                "adam_dram_bytes_per_param": "derived: read p, m, v, g and write p, m, v, "
+                                             "FP32 (7 x 4 B)",
                 "cast_dram_bytes_per_elem": "derived: read 4 B FP32, write 2 B BF16",
             },
         }

@@ -6,10 +6,10 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          convention (the write-allocate reads a cache does on its own are not counted)
   cast   dst_bf16.copy_(src_fp32): elements / time (the CAST task of the graph)
   adam   slidedp.exec.adamw.adamw_chunk, i.e. torch's fused CPU AdamW (what
-         torch.optim.AdamW(fused=True) runs) on flat FP32 p, m, v and a BF16 gradient, widened
-         block by block in cache as the executor's default plan runs it (plan.grad_widen = host):
-         parameters / time. The hardware file says so (host.adam_grad_bytes = 2); profiles
-         written before 2026-12-01 timed it on an FP32 gradient (no such key: 4).
+         torch.optim.AdamW(fused=True) runs) on flat FP32 p, g, m, v: parameters / time (the
+         gradient as the GPU widened it: plan.grad_widen = gpu)
+  adam, BF16 gradient   the same with a BF16 gradient, widened block by block in cache by
+         adamw_chunk (plan.grad_widen = host): parameters / time
   teams  the executor's two CPU teams at once (HostBench.teams_bps): a cast team casting FP32 ->
          BF16 and an update team running the fused AdamW, each in its own thread with its own
          OpenMP team (engine.own_omp_team), both looping for the same wall time on buffers of
@@ -48,8 +48,7 @@ from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
 from slidedp.profile.timing import wall_median_s
 from slidedp.spec.model import FP32
 
-ADAM_GRAD_BYTES = 2  # the gradient Adam reads: BF16, widened in cache (plan.grad_widen = host)
-ADAM_DRAM_BYTES_PER_PARAM = 24 + ADAM_GRAD_BYTES  # read p, m, v (FP32) and g; write p, m, v
+ADAM_DRAM_BYTES_PER_PARAM = 28  # read p, m, v, g; write p, m, v (FP32)
 CAST_DRAM_BYTES_PER_ELEM = 6  # read FP32, write BF16
 
 
@@ -74,9 +73,9 @@ class HostBench:
         # filled by torch's parallel kernels (a random fill is single-threaded and slow); the
         # rates do not depend on the values, which stay finite and normal throughout
         self.src = torch.full((self.elems,), 0.5)
-        self.dst = torch.full((self.elems,), 1e-3)
+        self.dst = torch.full((self.elems,), 1e-3)  # also Adam's FP32 gradient
         self.bf16 = torch.zeros(self.elems, dtype=torch.bfloat16)
-        self.grad = torch.full((self.elems,), 1e-3, dtype=torch.bfloat16)  # Adam's gradient
+        self.grad_bf16 = torch.full((self.elems,), 1e-3, dtype=torch.bfloat16)
         self.m, self.v = torch.zeros(self.elems), torch.zeros(self.elems)
         self.opt = AdamWConfig()
         self.adam_steps = 0
@@ -91,13 +90,14 @@ class HostBench:
     def cast_elems_per_s(self, threads: int) -> float:
         return self.elems / self._median_s(lambda: self.bf16.copy_(self.src), threads)
 
-    def _adam_step(self) -> None:
+    def _adam_step(self, bf16_grad: bool = False) -> None:
         self.adam_steps += 1
         # the parameter is `src` (the dram / cast runs only read it, so updating it is harmless)
-        adamw_chunk(self.src, self.grad, self.m, self.v, self.adam_steps, self.opt, self.opt.lr)
+        adamw_chunk(self.src, self.grad_bf16 if bf16_grad else self.dst, self.m, self.v,
+                    self.adam_steps, self.opt, self.opt.lr)
 
-    def adam_params_per_s(self, threads: int) -> float:
-        return self.elems / self._median_s(self._adam_step, threads)
+    def adam_params_per_s(self, threads: int, bf16_grad: bool = False) -> float:
+        return self.elems / self._median_s(lambda: self._adam_step(bf16_grad), threads)
 
     def teams_bps(self, cast_threads: int, update_threads: int, seconds: float,
                   dma: Sequence[tuple[Callable[[], None], float]] = ()) -> float:

@@ -47,6 +47,7 @@ class Results:
     dram_bps: dict[int, float] = field(default_factory=dict)  # threads -> read + write bytes/s
     cast_elems_per_s: dict[int, float] = field(default_factory=dict)
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
+    adam_bf16_grad_params_per_s: dict[int, float] = field(default_factory=dict)
     # the cast and update teams at once: (cast threads, update threads, DRAM bytes/s)
     dram_teams: tuple[int, int, float] | None = None
     # the same with every GPU's duplex copies: (cast threads, update threads, GPUs, bytes/s)
@@ -121,6 +122,7 @@ class Profiler:
             r.dram_bps[n] = self._host.dram_bps(n)
             r.cast_elems_per_s[n] = self._host.cast_elems_per_s(n)
             r.adam_params_per_s[n] = self._host.adam_params_per_s(n)
+            r.adam_bf16_grad_params_per_s[n] = self._host.adam_params_per_s(n, bf16_grad=True)
 
         team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
 

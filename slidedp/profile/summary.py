@@ -26,10 +26,12 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
     parts = [_table(
         f"host ({res.host_bytes // MIB} MiB buffers; Adam traffic at "
         f"{spec.host.adam_dram_bytes_per_param:g} B/param)",
-        ["threads", "copy GB/s", "cast Gelem/s", "adam Gparam/s", "adam GB/s"],
+        ["threads", "copy GB/s", "cast Gelem/s", "adam Gparam/s", "adam GB/s",
+         "adam, BF16 grad Gparam/s"],
         [[str(n), f"{res.dram_bps[n] / GB:.1f}", f"{res.cast_elems_per_s[n] / 1e9:.2f}",
           f"{res.adam_params_per_s[n] / 1e9:.2f}",
-          f"{res.adam_params_per_s[n] * spec.host.adam_dram_bytes_per_param / GB:.1f}"]
+          f"{res.adam_params_per_s[n] * spec.host.adam_dram_bytes_per_param / GB:.1f}",
+          f"{res.adam_bf16_grad_params_per_s[n] / 1e9:.2f}"]
          for n in res.threads])]
     if res.dram_teams is not None:
         ct, ut, bps = res.dram_teams

@@ -48,7 +48,7 @@ from functools import partial
 
 import numpy as np
 
-from slidedp.graph.costs import ResourceUse
+from slidedp.graph.costs import ResourceUse, grad_bytes
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
 
@@ -139,7 +139,8 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     names = use.names
     pools = {i for i, n in enumerate(names) if n.endswith(".cores")}
     compute_of = [names.index(f"gpu{r}.compute") for r in range(g.n_ranks)]
-    curves = {int(Kind.ADAM): hw.host.adam_rate}
+    gb = grad_bytes(g)
+    curves = {int(Kind.ADAM): lambda threads: hw.host.adam_rate(threads, gb)}
     cast_curves: dict[float, Callable[[float], float]] = {}  # chunk elements -> its thread curve
     work = g.work.tolist()
     coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}

@@ -23,8 +23,8 @@ Schema (units in names):
               chunk size: chunk_mib is the chunk's BF16 size (what H2D moves, as pcie.chunk_gbps;
               elements = chunk_mib MiB / 2 B); rows by chunk_mib, threads strictly increasing
               within a chunk. When present, CAST tasks take it (cast_rate with chunk_elems)
-              adam_grad_bytes  (optional, default 4) bytes per parameter of the gradient the
-              measured Adam read: 2 (BF16) in profiles of 2026-12-01 on
+              adam_bf16_grad_gparam_per_s = [[threads, rate]]  (optional) Adam on a BF16
+              gradient widened in cache (plan.grad_widen = host; HostSpec.adam_rate)
   [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
               cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
               efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
@@ -157,9 +157,9 @@ class HostSpec:
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
     dram_dma: tuple[float, float, float, float] | None = None
-    # bytes per parameter of the gradient the measured Adam read (adam_params_per_s and
-    # adam_dram_bytes_per_param count it): 2 (BF16) from profiles of 2026-12-01 on, 4 before
-    adam_grad_bytes: float = 4.0
+    # Adam on a BF16 gradient widened in cache (plan.grad_widen = host), against threads; None:
+    # not measured (profiles before 2026-12-01, presets): the FP32 gradient's curve stands in
+    adam_bf16_grad_params_per_s: RateCurve | None = None
 
     def cast_rate(self, threads: float, chunk_elems: float | None = None) -> float:
         """Elements/s of the FP32 -> BF16 cast with `threads` threads; with `chunk_elems` and a
@@ -171,7 +171,11 @@ class HostSpec:
         curves = dict(self.cast_chunk)
         return log_between(list(curves), chunk_elems, lambda c: curves[c].at(threads))
 
-    def adam_rate(self, threads: float) -> float:
+    def adam_rate(self, threads: float, grad_bytes: int = 4) -> float:
+        """Parameters/s of the CPU Adam with `threads` threads on a gradient of `grad_bytes`
+        per element: 2, a BF16 gradient widened in cache (its own curve where measured)."""
+        if grad_bytes == 2 and self.adam_bf16_grad_params_per_s is not None:
+            return self.adam_bf16_grad_params_per_s.at(threads)
         return self.adam_params_per_s.at(threads)
 
     def team_dram_bps(self, threads: float) -> float:
@@ -298,7 +302,8 @@ def _host(t: Table) -> HostSpec:
     keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
     src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
-                                          "dram_dma_gbps", "adam_grad_bytes") if t.has(k)])
+                                          "dram_dma_gbps", "adam_bf16_grad_gparam_per_s")
+                          if t.has(k)])
     teams = dma = None
     if t.has("dram_teams_gbps"):
         (cast_t, update_t, gbps), = _triples([t.raw("dram_teams_gbps")], t.where,
@@ -314,11 +319,14 @@ def _host(t: Table) -> HostSpec:
                                 "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
     adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
                                 "param/s", src["adam_gparam_per_s"]).scaled(1e9)
+    adam_bf16 = (RateCurve.from_pairs(t.raw("adam_bf16_grad_gparam_per_s"), t.where,
+                                      "host.adam_bf16_grad_gparam_per_s", "param/s",
+                                      src["adam_bf16_grad_gparam_per_s"]).scaled(1e9)
+                 if t.has("adam_bf16_grad_gparam_per_s") else None)
     h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
-                              src.get("cast_chunk_gelem_per_s", "")), teams, dma,
-                 t.num("adam_grad_bytes") if t.has("adam_grad_bytes") else 4.0)
+                              src.get("cast_chunk_gelem_per_s", "")), teams, dma, adam_bf16)
     t.done()
     return h
 

@@ -53,8 +53,6 @@ from slidedp.validate.predict import write_predictions
 
 GIB = 2**30
 FORMATS = ("multi_gpu", "single_gpu")
-# plan fields of rows written before they existed, as those runs ran (a row's own fields win)
-MEASURED_BEFORE = {"grad_widen": "gpu"}
 NO_TRACE = "no Timeline trace was saved by this benchmark run (figures only)"
 
 
@@ -74,7 +72,7 @@ def case_name(prefix: str, c: Case) -> str:
     threads = (p.cast_threads, p.update_threads)
     name += f"-t{threads[0]}-{threads[1]}" if threads != (default.cast_threads, default.update_threads) else ""
     name += "-rows" if p.embedding_rows else ""
-    name += "-bf16grad" if p.grad_widen == GradWiden.HOST else ""  # the earlier cases: gpu
+    name += "-bf16grad" if p.grad_widen == GradWiden.HOST else ""
     return name
 
 
@@ -90,10 +88,9 @@ def multi_gpu_rows(path: Path) -> list[tuple[Case, dict]]:
         d = json.loads(line)
         if "step_s" not in d:
             continue
-        plan = (parse_plan({"plan": MEASURED_BEFORE | d["plan"]}, f"{path}: case {d['case']}")
-                if "plan" in d else
+        plan = (parse_plan({"plan": d["plan"]}, f"{path}: case {d['case']}") if "plan" in d else
                 Plan(param_route=ParamRoute(d["param_route"]), grad_route=GradRoute(d["grad_route"]),
-                     update_sharding=UpdateSharding(d["update_sharding"]), grad_widen=GradWiden.GPU))
+                     update_sharding=UpdateSharding(d["update_sharding"])))
         case = Case(d["case"], d["model"], d["seq"], d["ranks"], d["global_batch"],
                     d["micro_batch"], plan)
         scope = "last step" + (", rank 0's tasks only (benchmarks/multi_gpu.py)" if d["ranks"] > 1 else "")
@@ -115,8 +112,7 @@ def _single_gpu(path: Path) -> list[tuple[Case, dict]]:
     for d in doc["rows"]:
         p = d["plan"]
         plan = Plan(host_bf16_copy=p["host_bf16_copy"], window_slots=p["window_slots"],
-                    h2d_chunk_mib=p["h2d_chunk_mib"], d2h_chunk_mib=p["d2h_chunk_mib"],
-                    grad_widen=GradWiden.GPU)  # the format predates plan.grad_widen
+                    h2d_chunk_mib=p["h2d_chunk_mib"], d2h_chunk_mib=p["d2h_chunk_mib"])
         case = Case("", d["model"], d["seq"], 1, d["micro_batch"], d["micro_batch"], plan)
         out.append((case, {
             "date": meta["date"], "gpu": meta["gpu"], "torch": meta["torch"],
