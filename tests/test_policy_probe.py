@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from slidedp.commands.choose import choose_plan
 from slidedp.policy import probe as probe_mod
@@ -42,6 +43,28 @@ def test_probe_measures_plans_on_one_host_state_and_reports_refusals():
         assert pr(Plan(param_route=ParamRoute.REPLICATED, step_join=False)) is None
         assert len(pr.refusals) == 1 and "step_join" in pr.refusals[0]
     assert pr.full.hs is None  # closed
+
+
+class _OomThen:
+    """A pipeline whose first `ooms` probes run out of memory, then measure 1.5 s."""
+
+    def __init__(self, ooms: int):
+        self.ooms, self.calls = ooms, 0
+
+    def step_s(self, plan):
+        self.calls += 1
+        if self.calls <= self.ooms:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 456.00 MiB")
+        return 1.5
+
+
+def test_an_out_of_memory_probe_runs_once_more_then_is_refused():
+    wl = Workload(load_model("tiny-qwen3"), 32, 4, 2, 1)
+    with ExecutorProbe(wl, "cpu") as pr:
+        assert pr._measured(_OomThen(1), ROUTE) == 1.5 and pr.refusals == []
+        twice = _OomThen(2)
+        assert pr._measured(twice, ROUTE) is None and twice.calls == 2
+        assert len(pr.refusals) == 1 and "out of memory" in pr.refusals[0]
 
 
 def test_probe_refuses_several_ranks():

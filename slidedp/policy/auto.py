@@ -259,8 +259,8 @@ def auto_plan(
     elif probe is not None and mixed:
         chosen.plan_measured_s = probe(chosen.activations.plan)
         if chosen.plan_measured_s is None:
-            rep.notes.append("the chosen policy mix itself was not measured: the executor does "
-                             "not run it (its all-`layer` route was)")
+            rep.notes.append("the chosen policy mix itself was not measured: the probe refused "
+                             "it (see `probe refused`; its all-`layer` route was measured)")
         elif chosen.route.measured_s is not None:
             chosen.activations_rejected = chosen.plan_measured_s > chosen.route.measured_s
         lap("probe of the chosen mix")
