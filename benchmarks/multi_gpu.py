@@ -19,6 +19,9 @@ The measurement itself is slidedp.validate.runner's (shared with `slidedp valida
 --traces DIR: rank 0 also writes each case's last step (every rank's tasks) as a Chrome trace,
 DIR/<importer.trace_file_name(case)>, which `slidedp validate --import-results` stores beside the
 case (provenance field `traces`).
+--switch-interval-s S: the interpreter's thread switch interval (sys.setswitchinterval; Python's
+default 0.005 s) for every case: how long an agent thread may wait for the GIL after a torch op
+that released it (each row records it).
 """
 
 from __future__ import annotations
@@ -55,7 +58,10 @@ def main() -> int:
     ap.add_argument("--discard", type=int, default=3)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
     ap.add_argument("--traces", metavar="DIR", help="write each case's last step as a Chrome trace")
+    ap.add_argument("--switch-interval-s", type=float, help="sys.setswitchinterval for the run")
     a = ap.parse_args()
+    if a.switch_interval_s is not None:
+        sys.setswitchinterval(a.switch_interval_s)
     spec = load_model(a.model)
     cfg = dict(spec.config)
     distributed = "RANK" in os.environ
@@ -73,7 +79,9 @@ def main() -> int:
         if rank == 0:
             row |= {"ranks": R, "model": a.model, "seq": a.seq,
                     "gpu": torch.cuda.get_device_name() if cuda else "cpu",
-                    "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count()}
+                    "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
+                    "switch_interval_s": sys.getswitchinterval(),
+                    "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
             with open(a.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)

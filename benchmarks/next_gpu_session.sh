@@ -19,14 +19,17 @@
 #   bash benchmarks/next_gpu_session.sh h200-ratio OUT # nvidia-h200: issue 4's ratio after the GC fix
 #   bash benchmarks/next_gpu_session.sh h200-widen OUT # nvidia-h200: BF16 gradient downloads (GPU
 #                                                      #   tests, profile, 4B ratio host vs gpu widen)
-#   HW=PROFILE bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # nvidia-h200: AutoPolicy vs sweep
+#   HW=PROFILE [MODEL=qwen3-8b] bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # AutoPolicy vs sweep
+#   bash benchmarks/next_gpu_session.sh chunk-cost OUT # the executor's per-chunk cast cost: GIL switch
+#                                                      #   interval and OpenMP spinning, 4B 1:1
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-# Left after the 2026-11-30 night calls, in order: `x2-val` and `h200` (profiles with dram_dma_gbps,
-# the validation cases re-measured: issue 6's maximum), `ap` twice (issue 8: GPU-bound mb 6 and
-# `ap 1 16384`), `x4` when lent (issue 7), each with 10 steps where the call allows.
+# Left after the 2026-12-01 00:36 calls, in order: `chunk-cost` (issue 6: the 4B host-bound
+# under-prediction), `h200` (its profile with dram_dma_gbps and the h200 4B cases), `ap 1 16384`
+# and `MODEL=qwen3-8b ap 4` (issue 8: long sequence, 8B; HW = that machine's profile), `x4` /
+# x8 when lent (issue 7), each with 10 steps where the call allows.
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
 # a few; tar anything larger), then import with `slidedp validate --import-results`.
 set -euo pipefail
@@ -121,11 +124,22 @@ h200-widen)  # nvidia-h200, one call: the GPU tests of BF16 gradient downloads (
         "4:4:$G:window_slots=36" "5:5:$G:window_slots=36:embedding_rows=true" \
         "5:5:$G:window_slots=36:embedding_rows=true:$GPU_WIDEN" --iters 10 --discard 5 \
         --traces "$OUT/h200-4b-widen.traces" ;;
+chunk-cost)  # nvidia-h200-x2 (one GPU), one call: why the executor's cast of a chunk takes ~1 ms
+    # longer than the profile's (issue 6, the 4B host-bound cases of 2026-12-01 00:09): Qwen3-4B
+    # 1:1 at 64 and 256 MiB with Python's thread switch interval at 5 ms (default) and 0.5 ms, and
+    # OpenMP threads that spin longer before sleeping, each with its traces (per-task durations)
+    for v in "default:" "switch:--switch-interval-s 0.0005" "spin:" "both:--switch-interval-s 0.0005"; do
+        name=${v%%:*}; opt=${v#*:}
+        case $name in spin|both) spin=1000000000 ;; *) spin="" ;; esac
+        env ${spin:+GOMP_SPINCOUNT=$spin} python3 benchmarks/multi_gpu.py "$OUT/chunk-cost-$name.jsonl" \
+            qwen3-4b "1:1:$G" "1:1:$G:h2d_chunk_mib=256.0:d2h_chunk_mib=256.0" --iters 6 --discard 3 \
+            --traces "$OUT/chunk-cost-$name.traces" $opt
+    done ;;
 ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against the real sweep,
     # Qwen3-4B at a GPU-bound micro-batch (issue 8); `ap MB SEQ` for other shapes, e.g. the
     # long-sequence case `ap 1 16384`; the profile of the h200-ratio call via HW=...
     HW=${HW:?set HW to a profile TOML of this machine} bash benchmarks/autopolicy_vs_sweep.sh \
-        "$OUT/ap" qwen3-4b "${3:-6}" "${4:-4096}" ;;
+        "$OUT/ap" "${MODEL:-qwen3-4b}" "${3:-6}" "${4:-4096}" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
     # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
@@ -138,6 +152,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|ap|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|ap|rows|x4 OUT" >&2
     exit 2 ;;
 esac
