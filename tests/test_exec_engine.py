@@ -148,12 +148,13 @@ def test_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(name, devic
     plan, clip = WIDEN_PLANS[name]
     cfg, batches = CONFIGS["qwen3"], _batches(CONFIGS["qwen3"], 4)
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=4, micro_batch=2, gpus=1)
-    runs = []
+    runs, init = [], None
     for widen, mib in ((GradWiden.HOST, plan.d2h_chunk_mib), (GradWiden.GPU, 2 * plan.d2h_chunk_mib)):
         eng = Engine(cfg, wl, replace(plan, grad_widen=widen, d2h_chunk_mib=mib),
                      optimizer=replace(OPT, grad_clip=clip), device=device, dtype=torch.bfloat16)
         try:
             eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
+            init = [eng.host_state.unit_master(u).clone() for u in range(eng.host_state.n_units)]
             results = [eng.step(ids, labels) for ids, labels in batches]
             hs = eng.host_state
             runs.append((results, [hs.unit_master(u).clone() for u in range(hs.n_units)],
@@ -172,6 +173,10 @@ def test_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(name, devic
         for x, y in zip(a, b, strict=True):
             assert abs(x.loss - y.loss) <= 1e-3
             assert x.grad_norm == pytest.approx(y.grad_norm, rel=1e-3)
+        for u, (x, y, p0) in enumerate(zip(pa, pb, init, strict=True)):  # a corrupt chunk moves
+            # its parameters by the order of a whole update (relative difference ~1)
+            rel = float((x - y).norm() / (y - p0).norm())
+            assert rel <= 0.1, f"unit {u}: relative parameter difference {rel:.2e}"
 
 
 @pytest.mark.gpu

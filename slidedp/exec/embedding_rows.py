@@ -94,7 +94,8 @@ class EmbeddingRows:
     # ---- host --------------------------------------------------------------------------------
 
     def bulk_adam(self, w: int, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor,
-                  v: torch.Tensor, lo: int, step: int, cfg: AdamWConfig, lr: float) -> None:
+                  v: torch.Tensor, lo: int, step: int, cfg: AdamWConfig, lr: float,
+                  clip: float = 1.0) -> None:
         """Adam over a chunk of whole rows starting at element lo; U's rows keep their state."""
         h = self.h
         a, b = self.span(lo // h, (lo + len(p)) // h)
@@ -103,13 +104,13 @@ class EmbeddingRows:
         views = [t.view(-1, h) for t in (p, m, v)]
         for s, t in zip(self.saved[w], views, strict=True):
             torch.index_select(t, 0, rows, out=s[:k])
-        adamw_chunk(p, g, m, v, step, cfg, lr)
+        adamw_chunk(p, g, m, v, step, cfg, lr, clip)
         for s, t in zip(self.saved[w], views, strict=True):
             t.index_copy_(0, rows, s[:k])
 
     def rows_adam(self, w: int, master: torch.Tensor, exp_avg: torch.Tensor,
                   exp_avg_sq: torch.Tensor, g: torch.Tensor, j0: int, j1: int, step: int,
-                  cfg: AdamWConfig, lr: float) -> torch.Tensor:
+                  cfg: AdamWConfig, lr: float, clip: float = 1.0) -> torch.Tensor:
         """Adam on U[j0:j1]'s rows (gathered, updated, scattered back); their updated values."""
         idx, k = self.u[j0:j1], j1 - j0
         full = [t.view(-1, self.h) for t in (master, exp_avg, exp_avg_sq)]
@@ -117,7 +118,7 @@ class EmbeddingRows:
         for s, t in zip(part, full, strict=True):
             torch.index_select(t, 0, idx, out=s)
         adamw_chunk(*(s.view(-1) for s in part[:1]), g, *(s.view(-1) for s in part[1:]), step,
-                    cfg, lr)
+                    cfg, lr, clip)
         for s, t in zip(part, full, strict=True):
             t.index_copy_(0, idx, s)
         return part[0]

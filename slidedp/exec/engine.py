@@ -313,7 +313,7 @@ class Engine:
                          if self.cuda else None)
         self.d2h_narrow = (torch.empty(grad_elems, device=self.device, dtype=dtype)
                            if self.cuda and wire_dtype != torch.float32 and self.split_embedding
-                           else None)
+                           and self.runner.tied else None)  # an untied bulk downloads nothing
         self.sq_dev = (torch.empty(tpl.n_norm, device=self.device, dtype=torch.float32)
                        if self.cuda else None)
         self.local_sq = torch.tensor([tpl.norm_slot[v] for v in range(tpl.n)
@@ -820,14 +820,14 @@ class Engine:
         if tpl.g.rows[v]:
             if j1 > j0:
                 new = rows.rows_adam(w, hs.unit_master(0), hs.unit_m(0), hs.unit_v(0), g, j0, j1,
-                                     st.adam_step[0], self.opt, st.lr)
+                                     st.adam_step[0], self.opt, st.lr, st.clip[w])
                 if hs.copy is not None:
                     hs.unit_copy(0).view(-1, rows.h).index_copy_(0, rows.u[j0:j1], new.to(self.dtype))
             return
         p = hs.unit_master(u)[lo:hi]
         m, var = hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi]
         if rows is not None and u == 0:  # the bulk: the looked-up rows keep their state
-            rows.bulk_adam(w, p, g, m, var, lo, st.adam_step[0], self.opt, st.lr)
+            rows.bulk_adam(w, p, g, m, var, lo, st.adam_step[0], self.opt, st.lr, st.clip[w])
         else:
             adamw_chunk(p, g, m, var, st.adam_step[u], self.opt, st.lr, st.clip[w])
         if hs.copy is not None:

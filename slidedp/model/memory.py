@@ -12,6 +12,8 @@ GPU, per rank (bytes):
   loss          LOSS_CHUNK_TOKENS x vocab x 4 x 2 (FP32 logits of one chunk and their gradient)
   embedding_rows  with plan.embedding_rows: the looked-up rows' compact gradient (row capacity x
                 hidden x 2) and one upload chunk
+  d2h_widen     one gradient chunk widened to FP32 before its download or its norm (chunk
+                elements x 4; a chunk holds d2h_chunk_mib of wire bytes, graph.build.grad_wire_bytes)
   runtime       CUDA context and allocator slack (estimate)
 Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
 with host_bf16_copy, pinned staging rings (the upload ring and the gradient rings of
@@ -60,6 +62,7 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
         "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
         "embedding_rows": (row_capacity(wl) * m.hidden * 2 + plan.h2d_chunk_mib * MIB
                            if plan.splits_embedding else 0.0),
+        "d2h_widen": plan.d2h_chunk_mib * MIB * FP32_BYTES / grad_wire_bytes(plan, wl.gpus),
         "runtime": GPU_RUNTIME_BYTES,
     }
 

@@ -29,6 +29,7 @@ which is not done here; a workload with gpus > 1 is refused and callers skip the
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from functools import cache
 
@@ -143,10 +144,13 @@ class ExecutorProbe:
                 self.refusals.append(str(e))
                 return None
             except torch.OutOfMemoryError as e:
-                if self.device == "cuda":
-                    torch.cuda.empty_cache()
                 if attempt:
                     self.refusals.append(f"{self.device} out of memory: {str(e).splitlines()[0]}")
+                    return None
+            # out of the handler (its traceback holds the failed engine): free it, then its blocks
+            gc.collect()
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
         return None
 
     def __call__(self, plan: Plan) -> float | None:
