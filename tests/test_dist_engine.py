@@ -63,6 +63,10 @@ CLIPPED = ("replicated-gpu-rank0", "replicated-cpu-rank0", "sharded-gpu-sharded"
 ROWS = ("replicated-gpu-rank0", "sharded-gpu-sharded", "sharded-cpu-rank0",
         "replicated-cpu-sharded")
 ROWS_UNTIED = ("sharded-gpu-sharded", "replicated-cpu-sharded")
+# gradients downloaded as BF16 and widened by the update (plan.grad_widen = host), with chunks of
+# the same elements as the combo's (half the MiB): in BF16 they must equal it bit for bit
+WIDEN = ("replicated-gpu-rank0", "sharded-gpu-sharded", "sharded-gpu-sharded-clip",
+         "replicated-gpu-rank0-rows", "sharded-gpu-sharded-rows-untied")
 
 
 def _elems(n: int) -> float:
@@ -86,7 +90,16 @@ def combos() -> dict[str, Plan]:
         out[f"{name}-rows"] = replace(out[name], embedding_rows=True)
     for name in ROWS_UNTIED:
         out[f"{name}-rows-untied"] = replace(out[name], embedding_rows=True)
+    for name in WIDEN:
+        out[widened(name)] = replace(out[name], grad_widen="host",
+                                     d2h_chunk_mib=out[name].d2h_chunk_mib / 2)
     return out
+
+
+def widened(name: str) -> str:
+    """The name of a WIDEN combo's host-widening twin (its config suffix kept last)."""
+    base, untied = (name[:-len("-untied")], "-untied") if name.endswith("-untied") else (name, "")
+    return f"{base}-widen-host{untied}"
 
 
 def config(name: str) -> dict:
@@ -381,6 +394,16 @@ def test_cuda_two_ranks_every_route(tmp_path):
     test_i2_one_aggregated_update_per_unit_and_iteration(run)
     test_i3_no_delivery_before_the_previous_update(run)
     _check_pss(run)
+
+
+def test_two_ranks_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(tmp_path):
+    """BF16 on the CPU, two rank processes: the shared rings hold BF16 gradient chunks that the
+    update widens; losses, norms and the master equal the GPU-widening twin bit for bit."""
+    R, ranks, _ = _launch(2, tmp_path, "cpu", "bfloat16")
+    for name in WIDEN:
+        a, b = ranks[0][widened(name)], ranks[0][name]
+        assert a["loss"] == b["loss"] and a["norm"] == b["norm"], name
+        assert all(torch.equal(x, y) for x, y in zip(a["masters"], b["masters"], strict=True)), name
 
 
 @pytest.mark.gpu
