@@ -30,6 +30,8 @@
 # under-prediction), `h200` (its profile with dram_dma_gbps and the h200 4B cases), `ap 1 16384`
 # and `MODEL=qwen3-8b ap 4` (issue 8: long sequence, 8B; HW = that machine's profile), `x4` /
 # x8 when lent (issue 7), each with 10 steps where the call allows.
+# `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
+# protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
 # a few; tar anything larger), then import with `slidedp validate --import-results`.
 set -euo pipefail
@@ -78,7 +80,8 @@ h200)  # nvidia-h200, one call: profile v3, the 4B GPU-bound batches with and wi
         "6:6:$G:window_slots=36" "6:6:$G:window_slots=36:embedding_rows=true" \
         "8:8:$G:window_slots=36" "8:8:$G:window_slots=36:embedding_rows=true" --iters 8 --discard 3
     python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-v3.toml" \
-        --cases validation/cases-h200-4b.toml --machine nvidia-h200 --out "$OUT/val" ;;
+        --cases validation/cases-h200-4b.toml --machine nvidia-h200 --out "$OUT/val" \
+        --iters 6 --discard 3 --runs 1 ;;
 x2-val)  # nvidia-h200-x2, one call: profile (Adam on FP32 and BF16 gradients, the teams with
     # DMA), the BF16-gradient Adam by widening block, the 8B validation cases (host-bound and
     # GPU-bound, both routes of each kind, 64 and 256 MiB chunks, 1 and 2 GPUs; issue 6), then the
@@ -87,7 +90,8 @@ x2-val)  # nvidia-h200-x2, one call: profile (Adam on FP32 and BF16 gradients, t
         --model qwen3-8b --micro-batch 1 4 --quick --name "h200x2-profile-$(date +%H%M)"
     python3 benchmarks/widen_block_probe.py "$OUT/widen-blocks.json" --threads 12 24
     python3 -m slidedp.cli validate --hardware "$OUT/h200x2-profile.toml" \
-        --cases validation/cases-h200x2-8b.toml --machine nvidia-h200-x2 --out "$OUT/val"
+        --cases validation/cases-h200x2-8b.toml --machine nvidia-h200-x2 --out "$OUT/val" \
+        --iters 6 --discard 3 --runs 1
     HOST_WIDEN='grad_widen="host"'
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
         "$OUT/8b-widen-r2.jsonl" qwen3-8b "2:1:$G:window_slots=36" "2:1:$G:window_slots=36:$HOST_WIDEN" \

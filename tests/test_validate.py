@@ -90,6 +90,14 @@ def test_cli_bad_cases_is_one_line_exit_2(tmp_path, capsys):
     assert err.count("\n") == 0 and str(f) in err and "case[0].gpus" in err
 
 
+def test_cli_refuses_zero_runs(tmp_path, capsys):
+    f = tmp_path / "cases.toml"
+    f.write_text(TINY)
+    assert main(["validate", "--hardware", "h200x2", "--cases", str(f), "--out", str(tmp_path),
+                 "--device", "cpu", "--runs", "0"]) == 2
+    assert "--runs" in capsys.readouterr().err and not (tmp_path / "tiny-r1").exists()
+
+
 def test_import_writes_the_stored_cases(tmp_path):
     # a copy of the provenance file beside copies of the results: paths resolve against it
     (tmp_path / "validation").mkdir()
@@ -173,6 +181,10 @@ def test_tiny_cpu_run_writes_every_file(tmp_path):
                 "date", "machine", "gpu", "torch", "command"} <= set(meas)
         assert (meas["machine"], meas["gpu"], meas["gpus_used"], len(meas["all_steps_s"])) == (
             "ci", "cpu", ranks, 2)
+        # two runs by default (method.md section 10), each on its own host state: their mean
+        runs = meas["run_step_times_s"]
+        assert len(runs) == 2 and meas["step_time_s"] == pytest.approx(sum(runs) / 2)
+        assert meas["run_all_steps_s"][-1] == meas["all_steps_s"] and "--runs 2" in meas["command"]
         assert meas["channel_s"]["COMPUTE"] > 0 and "--cases" in meas["command"]
         measured = load_trace(f / store.MEASURED_TRACE)
         computes = {r.agent for r in measured.records if r.channel == "COMPUTE"}

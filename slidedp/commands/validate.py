@@ -2,7 +2,7 @@
 and simulated predictions (slidedp/validate/).
 
     slidedp validate --hardware PROFILE.toml --cases CASES.toml [--out validation] [--device cuda]
-                     [--iters 6 --discard 3] [--machine NAME]
+                     [--iters 15 --discard 8 --runs 2] [--machine NAME]
     slidedp validate --predict-only [--hardware NEW.toml] [--select 'h200x2-*'] [--out validation]
     slidedp validate --import-results validation/imports.toml [--out validation]
 
@@ -28,9 +28,12 @@ def register(sub) -> None:
     p.add_argument("--out", default="validation", help="validation root (default %(default)s)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="where the executor runs (cpu: a plumbing check; default %(default)s)")
-    p.add_argument("--iters", type=int, default=6, help="steps per case (default %(default)s)")
-    p.add_argument("--discard", type=int, default=3,
+    p.add_argument("--iters", type=int, default=15, help="steps per case (default %(default)s: "
+                   "method.md section 10)")
+    p.add_argument("--discard", type=int, default=8,
                    help="first steps left out of the mean (default %(default)s)")
+    p.add_argument("--runs", type=int, default=2, help="runs per case, each on a host state of "
+                   "its own; the step time is their mean (default %(default)s)")
     p.add_argument("--machine", default="", help="the machine's name in measured.json "
                    "(e.g. the lent kind, nvidia-h200-x2; default the hostname)")
     mode = p.add_mutually_exclusive_group()
@@ -44,7 +47,7 @@ def register(sub) -> None:
 
 def command_line(a: argparse.Namespace) -> str:
     line = (f"slidedp validate --hardware {a.hardware} --cases {a.cases} --out {a.out} --device "
-            f"{a.device} --iters {a.iters} --discard {a.discard}")
+            f"{a.device} --iters {a.iters} --discard {a.discard} --runs {a.runs}")
     return line + (f" --machine {a.machine}" if a.machine else "")
 
 
@@ -87,6 +90,8 @@ def measure(a: argparse.Namespace, root: Path) -> list[str]:
                             "--import-results)")
     if a.iters < 1 or not 0 <= a.discard < a.iters:
         raise SpecError("command line", "--discard", f"0 <= discard < iters, got {a.discard} of {a.iters}")
+    if a.runs < 1:
+        raise SpecError("command line", "--runs", f"a positive integer, got {a.runs}")
     hw, cases = load_hardware(a.hardware), load_cases(a.cases)
     check_devices(cases, a.device, a.cases)
     for i, c in enumerate(cases):  # a case the hardware cannot hold fails here, before any run
@@ -97,7 +102,7 @@ def measure(a: argparse.Namespace, root: Path) -> list[str]:
     cmd = command_line(a)
     print(cmd, flush=True)
     failed = measure_cases(cases, root, device=a.device, iters=a.iters, discard=a.discard,
-                           machine=a.machine, command=cmd)
+                           machine=a.machine, command=cmd, runs=a.runs)
     for c in cases:
         if c.name not in failed:
             write_predictions(root / c.name, a.hardware, [])

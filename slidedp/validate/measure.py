@@ -3,12 +3,16 @@ one GPU, through torchrun (slidedp.exec.dist.launch running slidedp.validate.wor
 
 A group shares one host state (built once with random weights, as the benchmarks do) and runs
 its cases in the file's order. A group whose rank processes fail is reported and the others
-still run.
+still run. With `runs` > 1 the group runs that many times, each on a host state of its own
+(method.md section 10: average over 2 runs): a case's step time is the mean of the runs' (each
+run's in `run_step_times_s`, its steps in `run_all_steps_s`); its channel seconds, trace and
+memory figures are the last run's.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -16,6 +20,7 @@ import torch
 
 from slidedp.exec.dist.launch import launch
 from slidedp.spec.errors import SpecError
+from slidedp.validate import store
 from slidedp.validate.cases import Case, case_toml
 from slidedp.validate.worker import run_group, run_meta
 
@@ -41,22 +46,51 @@ def check_devices(cases: list[Case], device: str, where: str) -> None:
 
 
 def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, discard: int,
-                  machine: str, command: str) -> list[str]:
-    """Measure every case into root/<case>/; the names of the cases whose group failed."""
+                  machine: str, command: str, runs: int = 1) -> list[str]:
+    """Measure every case into root/<case>/, `runs` times (module docstring); the names of the
+    cases whose group failed."""
     failed: list[str] = []
     for group in groups(cases):
-        R = group[0].gpus
-        if R == 1:
-            run_group(group, root, run_meta(device, iters, discard, machine, command))
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            spec = Path(tmp) / "group.toml"
-            spec.write_text("\n".join(case_toml(c) for c in group))
-            argv = ["-m", "slidedp.validate.worker", "--cases", str(spec), "--out", str(root),
-                    "--device", device, "--iters", str(iters), "--discard", str(discard),
-                    "--machine", machine, "--command", command]
-            rc = launch(R, argv, env={"OMP_NUM_THREADS": "1"} | dict(os.environ),
-                        timeout_s=RANK_TIMEOUT_S)
-        if rc != 0:
-            failed += [c.name for c in group]
+        per_run = []
+        for _ in range(runs):
+            if not _measure_group(group, root, device, iters, discard, machine, command):
+                failed += [c.name for c in group]
+                break
+            per_run.append({c.name: store.read_json(root / c.name / store.MEASURED) for c in group})
+        else:
+            if runs > 1:
+                for c in group:
+                    merge_runs(root / c.name, [r[c.name] for r in per_run])
     return failed
+
+
+def _measure_group(group: list[Case], root: Path, device: str, iters: int, discard: int,
+                   machine: str, command: str) -> bool:
+    """One run of a group (in this process for one GPU, through torchrun for R); False if its
+    rank processes failed."""
+    R = group[0].gpus
+    if R == 1:
+        run_group(group, root, run_meta(device, iters, discard, machine, command))
+        return True
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "group.toml"
+        spec.write_text("\n".join(case_toml(c) for c in group))
+        argv = ["-m", "slidedp.validate.worker", "--cases", str(spec), "--out", str(root),
+                "--device", device, "--iters", str(iters), "--discard", str(discard),
+                "--machine", machine, "--command", command]
+        rc = launch(R, argv, env={"OMP_NUM_THREADS": "1"} | dict(os.environ),
+                    timeout_s=RANK_TIMEOUT_S)
+    return rc == 0
+
+
+def merge_runs(folder: Path, runs: list[dict]) -> None:
+    """The case's measured.json from its runs' (in order; the last one is on disk)."""
+    last = runs[-1]
+    step = statistics.fmean(r["step_time_s"] for r in runs)
+    store.write_json(folder / store.MEASURED, last | {
+        "step_time_s": step,
+        "tokens_per_s": last["tokens_per_s"] * last["step_time_s"] / step,
+        "run_step_times_s": [r["step_time_s"] for r in runs],
+        "run_all_steps_s": [r["all_steps_s"] for r in runs],
+        "notes": last["notes"] + [f"step_time_s: the mean of {len(runs)} runs (run_step_times_s); "
+                                  "channel_s, the trace, GPU peak and host PSS: the last run"]})
