@@ -30,8 +30,10 @@ def case_row(folder: Path) -> dict:
            "micro_batch": case.micro_batch, "param_route": str(p.param_route),
            "grad_route": str(p.grad_route), "update_sharding": str(p.update_sharding),
            "chunk_mib": p.h2d_chunk_mib, "host_bf16_copy": p.host_bf16_copy,
-           "measured_s": meas["step_time_s"], "hardware": pred.get("hardware", {}).get("name", ""),
-           "source": Path(meas.get("source") or "").name}
+           "measured_s": meas["step_time_s"], "hardware": pred.get("hardware", {}).get("name", "")}
+    # imported cases name their results file; a `slidedp validate` run, its date and profile
+    row["source"] = (Path(meas.get("source") or "").name
+                     or f"slidedp validate {meas['date']} ({row['hardware'] or 'no prediction'})")
     for m in MODELS:
         s = pred.get(m, {}).get("step_time_s")
         row[f"{m}_s"] = s
@@ -92,8 +94,9 @@ def markdown(root: Path, rows: list[dict]) -> str:
     by_source: dict[str, list[dict]] = {}
     for r in rows:
         by_source.setdefault(r["source"], []).append(r)
-    out += ["", "By measurement run (the benchmark results file the cases were imported from; each "
-            "run's executor version and conditions are in its notes below):", "",
+    out += ["", "By measurement run (the benchmark results file the cases were imported from, or the "
+            "`slidedp validate` run by date and profile; each run's executor version and "
+            "conditions are in its notes below):", "",
             "| cases | source | machine | hardware | analytic MAPE | analytic max | simulated MAPE "
             "| simulated max | worst case (simulated) |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
