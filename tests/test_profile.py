@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import subprocess
 import sys
+import time
 import tomllib
 
 import pytest
@@ -26,6 +27,7 @@ from slidedp.profile.fabric import LATENCY_BYTES, fabric_kind, gpu_link_matrix
 from slidedp.profile.machine import Machine, probe_machine
 from slidedp.profile.run import Request, Results
 from slidedp.profile.sizes import MIB, Sizes
+from slidedp.profile.timing import run_together
 from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, load_hardware, parse_hardware, preset_dir
@@ -129,6 +131,36 @@ def test_teams_run_counts_the_dma_loads_beside_them():
 
     with pytest.raises(RuntimeError, match="teams-at-once"):
         bench.teams_bps(1, 1, 0.05, [(broken, 1.0)])
+
+
+def test_run_together_starts_bodies_together_and_never_hangs_on_a_failure():
+    """profile.timing.run_together (the all-GPU PCIe run, the teams-at-once run): measured parts
+    start after every setup; a body failing before or after the start fails the run, the others
+    leave the barrier instead of waiting for it."""
+    events = []
+
+    def body(name, setup_s):
+        def run(start):
+            time.sleep(setup_s)
+            events.append(("ready", name))
+            start()
+            events.append(("go", name))
+        return run
+
+    run_together([body("a", 0.0), body("b", 0.05)], "two bodies")
+    assert [e for e, _ in events] == ["ready", "ready", "go", "go"]
+
+    def fails_in_setup(start):
+        raise ValueError("no device")
+
+    def fails_after_start(start):
+        start()
+        raise ValueError("copy failed")
+
+    for bad in (fails_in_setup, fails_after_start):
+        with pytest.raises(RuntimeError, match="the test run failed") as e:
+            run_together([body("a", 0.0), bad, body("c", 0.01)], "the test run")
+        assert isinstance(e.value.__cause__, ValueError)
 
 
 def test_memory_cap_with_dma_is_parsed(tmp_path):

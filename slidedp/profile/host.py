@@ -35,7 +35,6 @@ the way the kernels that later read them run; no NUMA binding is done.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -45,7 +44,7 @@ import torch
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.engine import own_omp_team
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
-from slidedp.profile.timing import wall_median_s
+from slidedp.profile.timing import run_together, wall_median_s
 from slidedp.spec.model import FP32
 
 ADAM_DRAM_BYTES_PER_PARAM = 28  # read p, m, v, g; write p, m, v (FP32)
@@ -114,15 +113,13 @@ class HostBench:
                  *((0, fn, nbytes) for fn, nbytes in dma)]
         moved = [0.0] * len(loads)
         spans = [(0.0, 0.0)] * len(loads)
-        go = threading.Barrier(len(loads))
-        errors: list[BaseException] = []
 
-        def load(i: int, threads: int, fn, nbytes: float) -> None:
-            try:
+        def body(i: int, threads: int, fn, nbytes: float) -> Callable[[Callable[[], None]], None]:
+            def loop(start: Callable[[], None]) -> None:
                 if threads:
                     own_omp_team(threads)
-                fn()
-                go.wait()
+                fn()  # warm-up
+                start()
                 t0 = time.perf_counter()
                 while True:
                     fn()
@@ -130,19 +127,10 @@ class HostBench:
                     if (t1 := time.perf_counter()) - t0 >= seconds:
                         break
                 spans[i] = (t0, t1)
-            except threading.BrokenBarrierError:
-                pass  # another load failed first
-            except BaseException as e:  # noqa: BLE001 - re-raised by the calling thread below
-                errors.append(e)
-                go.abort()  # the others leave the barrier instead of waiting for this load
+            return loop
 
-        workers = [threading.Thread(target=load, args=(i, *x)) for i, x in enumerate(loads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        if errors:
-            raise RuntimeError(f"a load of the teams-at-once run failed: {errors[0]}") from errors[0]
+        run_together([body(i, *x) for i, x in enumerate(loads)],
+                     "a load of the teams-at-once run")
         return sum(moved) / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 

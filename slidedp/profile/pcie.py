@@ -16,14 +16,13 @@ slidedp.exec.host_state), one source and one destination of the largest chunk pe
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
 import torch
 
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
-from slidedp.profile.timing import cuda_median_s, median_s, wall_median_s
+from slidedp.profile.timing import cuda_median_s, median_s, run_together, wall_median_s
 
 MIB = 2**20
 DIRECTIONS = ("h2d", "d2h")
@@ -88,25 +87,21 @@ class PcieBench:
                                  self.repeats)
 
     def _all_at_once_s(self, directions: tuple[str, ...]) -> float:
-        barrier = threading.Barrier(len(self.gpus))
-        spans: list[tuple[float, float]] = []
+        spans: list[tuple[float, float]] = [(0.0, 0.0)] * len(self.gpus)
 
-        def work(g: _Gpu) -> None:
-            torch.cuda.set_device(g.dev)
-            torch.cuda.synchronize(g.dev)
-            barrier.wait()
-            t0 = time.perf_counter()
-            g.stream_copies(directions, self.chunk_bytes, self.copies)
-            torch.cuda.synchronize(g.dev)
-            spans.append((t0, time.perf_counter()))
+        def body(i: int, g: _Gpu) -> Callable[[Callable[[], None]], None]:
+            def copies(start: Callable[[], None]) -> None:
+                torch.cuda.set_device(g.dev)
+                torch.cuda.synchronize(g.dev)
+                start()
+                t0 = time.perf_counter()
+                g.stream_copies(directions, self.chunk_bytes, self.copies)
+                torch.cuda.synchronize(g.dev)
+                spans[i] = (t0, time.perf_counter())
+            return copies
 
-        threads = [threading.Thread(target=work, args=(g,)) for g in self.gpus]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if len(spans) != len(self.gpus):
-            raise RuntimeError("a copy thread of the all-GPU PCIe run failed (see its traceback)")
+        run_together([body(i, g) for i, g in enumerate(self.gpus)],
+                     "a copy thread of the all-GPU PCIe run")
         return max(e for _, e in spans) - min(s for s, _ in spans)
 
     def dma_loads(self) -> list[tuple[Callable[[], None], float]]:

@@ -6,14 +6,15 @@ themselves, e.g. several threads started together). `wall_median_s` times on the
 before it stops, a sample repeating the call for at least `min_s` when given. `cuda_median_s`
 times work that `fn` enqueues on the current CUDA stream with CUDA events recorded around it on
 that stream: the GPU time of that work, with the host's launch time hidden when the queue runs
-ahead.
+ahead. `run_together` runs bodies in threads of their own whose measured parts start together.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -60,3 +61,29 @@ def cuda_median_s(fn: Callable[[], object], warmup: int, repeats: int) -> float:
         events.append((start, end))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in events) / 1e3
+
+
+def run_together(bodies: Sequence[Callable[[Callable[[], None]], None]], what: str) -> None:
+    """Run each body in a thread of its own. A body gets `start`, which it calls once its setup
+    is done: every body's measured part begins when all have called it. A body that raises breaks
+    that barrier, so the others leave it instead of waiting (or finish, if already past it), and
+    run_together then raises RuntimeError naming `what`, from the first error."""
+    go = threading.Barrier(len(bodies))
+    errors: list[BaseException] = []
+
+    def run(body: Callable[[Callable[[], None]], None]) -> None:
+        try:
+            body(go.wait)
+        except threading.BrokenBarrierError:
+            pass  # another body failed first
+        except BaseException as e:  # noqa: BLE001 - re-raised by the calling thread below
+            errors.append(e)
+            go.abort()
+
+    threads = [threading.Thread(target=run, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{what} failed: {errors[0]}") from errors[0]
