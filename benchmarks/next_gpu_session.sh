@@ -131,13 +131,17 @@ h200-widen)  # nvidia-h200, one call: the GPU tests of BF16 gradient downloads (
 chunk-cost)  # nvidia-h200-x2 (one GPU), one call: why the executor's cast of a chunk takes ~1 ms
     # longer than the profile's (issue 6, the 4B host-bound cases of 2026-12-01 00:09): Qwen3-4B
     # 1:1 at 64 and 256 MiB with Python's thread switch interval at 5 ms (default) and 0.5 ms, and
-    # OpenMP threads that spin longer before sleeping, each with its traces (per-task durations)
-    for v in "default:" "switch:--switch-interval-s 0.0005" "spin:" "both:--switch-interval-s 0.0005"; do
-        name=${v%%:*}; opt=${v#*:}
-        case $name in spin|both) spin=1000000000 ;; *) spin="" ;; esac
+    # OpenMP threads that spin longer before sleeping, each with its traces (per-task durations).
+    # libgomp throttles spinning to 1000 turns whatever GOMP_SPINCOUNT says once its threads
+    # outnumber the CPUs (the default 24 + 24 teams on 32 cores do), so the spinning runs use
+    # 14 + 14 teams, beside the same teams without it
+    T=":cast_threads=14:update_threads=14"
+    for v in "default||" "switch||--switch-interval-s 0.0005" "teams14|$T|" "teams14-spin|$T|"; do
+        name=${v%%|*}; rest=${v#*|}; teams=${rest%%|*}; opt=${rest#*|}
+        case $name in *-spin) spin=1000000000 ;; *) spin="" ;; esac
         env ${spin:+GOMP_SPINCOUNT=$spin} python3 benchmarks/multi_gpu.py "$OUT/chunk-cost-$name.jsonl" \
-            qwen3-4b "1:1:$G" "1:1:$G:h2d_chunk_mib=256.0:d2h_chunk_mib=256.0" --iters 6 --discard 3 \
-            --traces "$OUT/chunk-cost-$name.traces" $opt
+            qwen3-4b "1:1:$G$teams" "1:1:$G$teams:h2d_chunk_mib=256.0:d2h_chunk_mib=256.0" \
+            --iters 6 --discard 3 --traces "$OUT/chunk-cost-$name.traces" $opt
     done ;;
 ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against the real sweep,
     # Qwen3-4B at a GPU-bound micro-batch (issue 8); `ap MB SEQ` for other shapes, e.g. the

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 
@@ -133,10 +134,28 @@ def test_teams_run_counts_the_dma_loads_beside_them():
         bench.teams_bps(1, 1, 0.05, [(broken, 1.0)])
 
 
+def _within(fn, seconds: float = 20.0):
+    """fn() in a daemon thread: its exception, or a failure if it has not returned in time."""
+    out: list = []
+
+    def call():
+        try:
+            fn()
+            out.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"still running after {seconds} s (a hang)"
+    return out[0]
+
+
 def test_run_together_starts_bodies_together_and_never_hangs_on_a_failure():
     """profile.timing.run_together (the all-GPU PCIe run, the teams-at-once run): measured parts
-    start after every setup; a body failing before or after the start fails the run, the others
-    leave the barrier instead of waiting for it."""
+    start after every setup; a body failing before or after the start, or returning without
+    starting, fails the run, and the others leave the barrier instead of waiting for it."""
     events = []
 
     def body(name, setup_s):
@@ -147,7 +166,7 @@ def test_run_together_starts_bodies_together_and_never_hangs_on_a_failure():
             events.append(("go", name))
         return run
 
-    run_together([body("a", 0.0), body("b", 0.05)], "two bodies")
+    assert _within(lambda: run_together([body("a", 0.0), body("b", 0.05)], "two bodies")) is None
     assert [e for e, _ in events] == ["ready", "ready", "go", "go"]
 
     def fails_in_setup(start):
@@ -157,10 +176,15 @@ def test_run_together_starts_bodies_together_and_never_hangs_on_a_failure():
         start()
         raise ValueError("copy failed")
 
-    for bad in (fails_in_setup, fails_after_start):
-        with pytest.raises(RuntimeError, match="the test run failed") as e:
-            run_together([body("a", 0.0), bad, body("c", 0.01)], "the test run")
-        assert isinstance(e.value.__cause__, ValueError)
+    def never_starts(start):
+        return None
+
+    for bad, cause in ((fails_in_setup, ValueError), (fails_after_start, ValueError),
+                       (never_starts, RuntimeError)):
+        err = _within(lambda bad=bad: run_together([body("a", 0.0), bad, body("c", 0.01)],
+                                                   "the test run"))
+        assert isinstance(err, RuntimeError) and "the test run failed" in str(err), bad
+        assert isinstance(err.__cause__, cause), bad
 
 
 def test_memory_cap_with_dma_is_parsed(tmp_path):

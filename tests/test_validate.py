@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,32 @@ def test_cli_bad_cases_is_one_line_exit_2(tmp_path, capsys):
                  "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(f) in err and "case[0].gpus" in err
+
+
+def test_a_failed_later_run_leaves_the_completed_runs(tmp_path, monkeypatch):
+    """Run 1 completes, run 2 dies partway (one case overwritten): the group is reported failed
+    and every case holds run 1's figures, saying one of two runs failed."""
+    from slidedp.validate import measure as measure_mod
+
+    cases = parse_cases(tomllib.loads(TINY), "t")[:1]
+    name = cases[0].name
+    calls = []
+
+    def fake(group, root, *args):
+        calls.append(1)
+        (root / name).mkdir(parents=True, exist_ok=True)
+        store.write_json(root / name / store.MEASURED, {
+            "step_time_s": 1.0 * len(calls), "all_steps_s": [len(calls)], "tokens_per_s": 100.0,
+            "notes": []})
+        return len(calls) == 1
+
+    monkeypatch.setattr(measure_mod, "_measure_group", fake)
+    failed = measure_mod.measure_cases(cases, tmp_path, device="cpu", iters=2, discard=1,
+                                       machine="ci", command="c", runs=2)
+    assert failed == [name] and len(calls) == 2
+    meas = store.read_json(tmp_path / name / store.MEASURED)
+    assert meas["run_step_times_s"] == [1.0] and meas["step_time_s"] == 1.0
+    assert "1 of the 2 runs failed" in meas["notes"][-1]
 
 
 def test_cli_refuses_zero_runs(tmp_path, capsys):

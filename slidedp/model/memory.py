@@ -13,7 +13,8 @@ GPU, per rank (bytes):
   embedding_rows  with plan.embedding_rows: the looked-up rows' compact gradient (row capacity x
                 hidden x 2) and one upload chunk
   d2h_widen     one gradient chunk widened to FP32 before its download or its norm (chunk
-                elements x 4; a chunk holds d2h_chunk_mib of wire bytes, graph.build.grad_wire_bytes)
+                elements x 4; a chunk holds d2h_chunk_mib of wire bytes, graph.build.grad_wire_bytes),
+                and with BF16 downloads of a tied split embedding one more BF16 chunk
   runtime       CUDA context and allocator slack (estimate)
 Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
 with host_bf16_copy, pinned staging rings (the upload ring and the gradient rings of
@@ -62,7 +63,10 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
         "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
         "embedding_rows": (row_capacity(wl) * m.hidden * 2 + plan.h2d_chunk_mib * MIB
                            if plan.splits_embedding else 0.0),
-        "d2h_widen": plan.d2h_chunk_mib * MIB * FP32_BYTES / grad_wire_bytes(plan, wl.gpus),
+        "d2h_widen": plan.d2h_chunk_mib * MIB * FP32_BYTES / grad_wire_bytes(plan, wl.gpus)
+        # and the tied bulk's chunk narrowed again for a BF16 download (exec/engine.py)
+        + (plan.d2h_chunk_mib * MIB if plan.splits_embedding and m.tie_embeddings
+           and grad_wire_bytes(plan, wl.gpus) < FP32_BYTES else 0.0),
         "runtime": GPU_RUNTIME_BYTES,
     }
 

@@ -67,13 +67,23 @@ def run_together(bodies: Sequence[Callable[[Callable[[], None]], None]], what: s
     """Run each body in a thread of its own. A body gets `start`, which it calls once its setup
     is done: every body's measured part begins when all have called it. A body that raises breaks
     that barrier, so the others leave it instead of waiting (or finish, if already past it), and
-    run_together then raises RuntimeError naming `what`, from the first error."""
+    run_together then raises RuntimeError naming `what`, from the first error. A body that returns
+    without calling `start` is an error too (the others would wait for it)."""
     go = threading.Barrier(len(bodies))
     errors: list[BaseException] = []
 
     def run(body: Callable[[Callable[[], None]], None]) -> None:
+        started = False
+
+        def start() -> None:
+            nonlocal started
+            started = True
+            go.wait()
+
         try:
-            body(go.wait)
+            body(start)
+            if not started:
+                raise RuntimeError("a body returned without starting")
         except threading.BrokenBarrierError:
             pass  # another body failed first
         except BaseException as e:  # noqa: BLE001 - re-raised by the calling thread below

@@ -57,10 +57,10 @@ def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, dis
                 failed += [c.name for c in group]
                 break
             per_run.append({c.name: store.read_json(root / c.name / store.MEASURED) for c in group})
-        else:
-            if runs > 1:
-                for c in group:
-                    merge_runs(root / c.name, [r[c.name] for r in per_run])
+        if runs > 1 and per_run:  # a failed later run may have overwritten some cases: every
+            # case gets the runs that completed, and says how many
+            for c in group:
+                merge_runs(root / c.name, [r[c.name] for r in per_run], runs)
     return failed
 
 
@@ -83,14 +83,17 @@ def _measure_group(group: list[Case], root: Path, device: str, iters: int, disca
     return rc == 0
 
 
-def merge_runs(folder: Path, runs: list[dict]) -> None:
-    """The case's measured.json from its runs' (in order; the last one is on disk)."""
+def merge_runs(folder: Path, runs: list[dict], asked: int) -> None:
+    """The case's measured.json from its completed runs' (in order) of the `asked`."""
     last = runs[-1]
     step = statistics.fmean(r["step_time_s"] for r in runs)
+    note = (f"step_time_s: the mean of {len(runs)} runs (run_step_times_s); channel_s, the "
+            "trace, GPU peak and host PSS: the last run")
+    if len(runs) < asked:
+        note += f"; {asked - len(runs)} of the {asked} runs failed"
     store.write_json(folder / store.MEASURED, last | {
         "step_time_s": step,
         "tokens_per_s": last["tokens_per_s"] * last["step_time_s"] / step,
         "run_step_times_s": [r["step_time_s"] for r in runs],
         "run_all_steps_s": [r["all_steps_s"] for r in runs],
-        "notes": last["notes"] + [f"step_time_s: the mean of {len(runs)} runs (run_step_times_s); "
-                                  "channel_s, the trace, GPU peak and host PSS: the last run"]})
+        "notes": last["notes"] + [note]})

@@ -32,8 +32,8 @@ def case_row(folder: Path) -> dict:
            "chunk_mib": p.h2d_chunk_mib, "host_bf16_copy": p.host_bf16_copy,
            "measured_s": meas["step_time_s"], "hardware": pred.get("hardware", {}).get("name", "")}
     # imported cases name their results file; a `slidedp validate` run, its date and profile
-    row["source"] = (Path(meas.get("source") or "").name
-                     or f"slidedp validate {meas['date']} ({row['hardware'] or 'no prediction'})")
+    row["source"] = (Path(meas.get("source") or "").name or f"slidedp validate {meas['date']} "
+                     f"{meas['machine']} ({row['hardware'] or 'no prediction'})")
     for m in MODELS:
         s = pred.get(m, {}).get("step_time_s")
         row[f"{m}_s"] = s
