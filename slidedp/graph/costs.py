@@ -41,12 +41,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slidedp.graph.build import FP32_BYTES
 from slidedp.graph.tasks import COLLECTIVE_OPS, Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.segments import segment_costs
 from slidedp.spec.workload import Workload
-
-ELEM_FP32 = 4
 
 
 @dataclass(frozen=True)
@@ -103,13 +102,13 @@ def held_cores(g: TaskGraph) -> np.ndarray:
 
 def grad_bytes(g: TaskGraph) -> int:
     """Bytes per element of the gradient the graph's ADAMs read (graph.build.grad_wire_bytes)."""
-    return int(g.meta.get("grad_wire_bytes", ELEM_FP32))
+    return int(g.meta.get("grad_wire_bytes", FP32_BYTES))
 
 
 def adam_dram_bytes(g: TaskGraph, hw: HardwareSpec) -> float:
     """Host DRAM bytes an ADAM moves per parameter: the hardware's figure (an FP32 gradient)
     with the gradient the graph's ADAMs read (2 B BF16 with plan.grad_widen = host)."""
-    return hw.host.adam_dram_bytes_per_param - ELEM_FP32 + grad_bytes(g)
+    return hw.host.adam_dram_bytes_per_param - FP32_BYTES + grad_bytes(g)
 
 
 def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
