@@ -1,15 +1,16 @@
 """Bounded host buffers for the copy engines: the upload staging ring and the gradient rings.
 
 The ring buffers are views of two flat host tensors (staging in the compute dtype, gradients in
-FP32 or, with plan.grad_widen = host, in the compute dtype: graph.build.grad_wire_bytes), local and page-locked for one rank, or in shared memory when several rank processes share
-them (every process maps and pins them):
+FP32 or, with plan.grad_widen = host, in the compute dtype: graph.build.grad_wire_bytes), local
+and page-locked for one rank, or in shared memory when several rank processes share them (every
+process maps and pins them):
     staging[i]      i < plan.staging_chunks: a CAST writes the chunk in the compute dtype, the
                     H2Ds of every rank read it (the graph's CAST `buffer`)
     grad[(r, w)][i] the ring of rank r's gradient chunks for update worker w, i < its size
                     (graph.build.grad_ring_sizes): rank r's D2H writes it (widened to FP32 on the
                     GPU, or BF16 that Adam widens in cache), HOST_SUM (FP32 only) or ADAM of
-                    worker w reads it (the
-                    graph's D2H / HOST_SUM / ADAM `buffer`); with one rank r = 0
+                    worker w reads it (the graph's D2H / HOST_SUM / ADAM `buffer`); with one
+                    rank r = 0
     acc[w]          per update worker of this process, an FP32 chunk in which HOST_SUM adds the
                     ranks' chunks (private memory); none with defer_update, where HOST_SUM adds
                     them into rank 0's chunk, which the ring keeps until the deferred ADAM

@@ -82,6 +82,7 @@ MIB = 2**20
 PARAM_BYTES = 2  # BF16 on the wire (q in method.md section 3)
 GRAD_BYTES = 2  # BF16 gradients on the GPU (what REDUCE moves)
 FP32_BYTES = 4  # the master, the moments and the gradient the CPU update reads
+_OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 
 def grad_wire_bytes(plan: Plan, ranks: int) -> int:
@@ -91,7 +92,6 @@ def grad_wire_bytes(plan: Plan, ranks: int) -> int:
     (staging.host_sum: a sum of BF16 chunks into FP32 would cost an extra pass)."""
     summed = plan.grad_route == GradRoute.CPU and ranks > 1
     return GRAD_BYTES if plan.grad_widen == GradWiden.HOST and not summed else FP32_BYTES
-_OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 
 def team_share(team_threads: float, cores: float) -> float:

@@ -51,6 +51,7 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
     costs = {p: policy_cost(m, p, wl.seq_len) for p in {plan.policy_of(i) for i in range(1, m.n_layers + 1)}}
     kept = [tok * costs[plan.policy_of(layer)].retained_bytes for layer in range(1, m.n_layers + 1)]
     ckpt = (1 - plan.offload_ratio) * sum(kept)
+    chunk_bytes, wire = plan.d2h_chunk_mib * MIB, grad_wire_bytes(plan, wl.gpus)
     return {
         "window": plan.window_slots * layer * 2,
         "resident": (units[0] + units[-1]) * 2,
@@ -63,10 +64,10 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
         "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
         "embedding_rows": (row_capacity(wl) * m.hidden * 2 + plan.h2d_chunk_mib * MIB
                            if plan.splits_embedding else 0.0),
-        "d2h_widen": plan.d2h_chunk_mib * MIB * FP32_BYTES / grad_wire_bytes(plan, wl.gpus)
+        "d2h_widen": chunk_bytes * FP32_BYTES / wire
         # and the tied bulk's chunk narrowed again for a BF16 download (exec/engine.py)
-        + (plan.d2h_chunk_mib * MIB if plan.splits_embedding and m.tie_embeddings
-           and grad_wire_bytes(plan, wl.gpus) < FP32_BYTES else 0.0),
+        + (chunk_bytes if plan.splits_embedding and m.tie_embeddings and wire < FP32_BYTES
+           else 0.0),
         "runtime": GPU_RUNTIME_BYTES,
     }
 

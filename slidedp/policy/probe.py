@@ -151,7 +151,6 @@ class ExecutorProbe:
             gc.collect()
             if self.device == "cuda":
                 torch.cuda.empty_cache()
-        return None
 
     def __call__(self, plan: Plan) -> float | None:
         return self._measured(self.full, plan)

@@ -115,9 +115,6 @@ class Profiler:
         r.host_bytes = s.host_bytes(self.m.llc_bytes, self.m.ram_bytes)
         r.threads = s.threads(self.m.cores)
 
-        def alloc():
-            self._host = host.HostBench(r.host_bytes, s.warmup, s.repeats, s.host_sample_s)
-
         def measure(n: int):
             r.dram_bps[n] = self._host.dram_bps(n)
             r.cast_elems_per_s[n] = self._host.cast_elems_per_s(n)
@@ -129,11 +126,15 @@ class Profiler:
         def teams():
             r.dram_teams = (team, team, self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats))
 
-        steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", alloc)]
+        steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host)]
         steps += [Step(f"host copy, cast, adam at {n} threads", lambda n=n: measure(n))
                   for n in r.threads]
         steps.append(Step(f"cast and update teams of {team} threads at once", teams))
         return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
+
+    def _alloc_host(self) -> None:
+        s = self.s
+        self._host = host.HostBench(self.res.host_bytes, s.warmup, s.repeats, s.host_sample_s)
 
     def _free_host(self) -> None:
         self._host = None
@@ -186,9 +187,6 @@ class Profiler:
 
         team = team_cores(self.m.cores)
 
-        def teams_alloc():
-            self._host = host.HostBench(r.host_bytes, s.warmup, s.repeats)
-
         def teams_and_dma():
             bps = self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats,
                                        self._pcie.dma_loads())
@@ -199,7 +197,7 @@ class Profiler:
         if gpus >= 2:
             steps += [Step(f"PCIe all GPUs {k}", lambda k=k, d=d: all_gpus(k, d))
                       for k, d in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("both", pcie.DIRECTIONS))]
-        steps += [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", teams_alloc),
+        steps += [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host),
                   Step(f"cast and update teams of {team} threads with every GPU's copies",
                        teams_and_dma),
                   Step("free host buffers", self._free_host)]

@@ -9,9 +9,9 @@ what_ifs        one case re-simulated with one thing changed: PCIe x2 (every lin
                 (R > 1), the host BF16 copy flipped (the other way to feed the upload), the
                 embedding's split update flipped (plan.embedding_rows: the step tail), the
                 gradients widened on the other side (plan.grad_widen: BF16 or FP32 downloads
-                and update reads). Each row
-                says the step-time change against the host-bound rule of method.md section 5:
-                removing delta_H of host work saves min(delta_H, H - C).
+                and update reads). Each row says the step-time change against the host-bound
+                rule of method.md section 5: removing delta_H of host work saves
+                min(delta_H, H - C).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def markdown(root: Path, rows: list[dict]) -> str:
     for r in rows:
         by_source.setdefault(r["source"], []).append(r)
     out += ["", "By measurement run (the benchmark results file the cases were imported from, or the "
-            "`slidedp validate` run by date and profile; each run's executor version and "
+            "`slidedp validate` run by date, machine and profile; each run's executor version and "
             "conditions are in its notes below):", "",
             "| cases | source | machine | hardware | analytic MAPE | analytic max | simulated MAPE "
             "| simulated max | worst case (simulated) |",
