@@ -20,8 +20,8 @@
 #   bash benchmarks/next_gpu_session.sh h200-widen OUT # nvidia-h200: BF16 gradient downloads (GPU
 #                                                      #   tests, profile, 4B ratio host vs gpu widen)
 #   HW=PROFILE [MODEL=qwen3-8b] bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # AutoPolicy vs sweep
-#   bash benchmarks/next_gpu_session.sh chunk-cost OUT # the executor's per-chunk cast cost: GIL switch
-#                                                      #   interval and OpenMP spinning, 4B 1:1
+#   bash benchmarks/next_gpu_session.sh chunk-cost OUT # the executor's per-chunk cast cost: a profile,
+#                                                      #   the cast under each load, GIL switch interval
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
@@ -129,19 +129,18 @@ h200-widen)  # nvidia-h200, one call: the GPU tests of BF16 gradient downloads (
         "5:5:$G:window_slots=36:embedding_rows=true:$GPU_WIDEN" --iters 10 --discard 5 \
         --traces "$OUT/h200-4b-widen.traces" ;;
 chunk-cost)  # nvidia-h200-x2 (one GPU), one call: why the executor's cast of a chunk takes ~1 ms
-    # longer than the profile's (issue 6, the 4B host-bound cases of 2026-12-01 00:09): Qwen3-4B
-    # 1:1 at 64 and 256 MiB with Python's thread switch interval at 5 ms (default) and 0.5 ms, and
-    # OpenMP threads that spin longer before sleeping, each with its traces (per-task durations).
-    # libgomp throttles spinning to 1000 turns whatever GOMP_SPINCOUNT says once its threads
-    # outnumber the CPUs (the default 24 + 24 teams on 32 cores do), so the spinning runs use
-    # 14 + 14 teams, beside the same teams without it
-    T=":cast_threads=14:update_threads=14"
-    for v in "default||" "switch||--switch-interval-s 0.0005" "teams14|$T|" "teams14-spin|$T|"; do
-        name=${v%%|*}; rest=${v#*|}; teams=${rest%%|*}; opt=${rest#*|}
-        case $name in *-spin) spin=1000000000 ;; *) spin="" ;; esac
-        env ${spin:+GOMP_SPINCOUNT=$spin} python3 benchmarks/multi_gpu.py "$OUT/chunk-cost-$name.jsonl" \
-            qwen3-4b "1:1:$G$teams" "1:1:$G$teams:h2d_chunk_mib=256.0:d2h_chunk_mib=256.0" \
-            --iters 6 --discard 3 --traces "$OUT/chunk-cost-$name.traces" $opt
+    # longer than the profile's (issue 6, the 4B host-bound cases of 2026-12-01 00:09): a profile
+    # of this lease, the cast of a chunk under each load the executor adds (chunk_cost_probe.py:
+    # idle gaps, a kernel-launching thread holding the GIL, Adam beside it), then Qwen3-4B 1:1 at
+    # 64 and 256 MiB with Python's thread switch interval at 5 ms (default) and 0.5 ms, with traces
+    python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
+        --model qwen3-4b --micro-batch 1 4 --quick --name "h200x2-profile-$(date +%H%M)"
+    python3 benchmarks/chunk_cost_probe.py "$OUT/chunk-cost-probe.json"
+    for v in "default|" "switch|--switch-interval-s 0.0005"; do
+        name=${v%%|*}; opt=${v#*|}
+        python3 benchmarks/multi_gpu.py "$OUT/chunk-cost-$name.jsonl" qwen3-4b "1:1:$G" \
+            "1:1:$G:h2d_chunk_mib=256.0:d2h_chunk_mib=256.0" --iters 6 --discard 3 \
+            --traces "$OUT/chunk-cost-$name.traces" $opt
     done ;;
 ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against the real sweep,
     # Qwen3-4B at a GPU-bound micro-batch (issue 8); `ap MB SEQ` for other shapes, e.g. the
