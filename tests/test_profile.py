@@ -105,6 +105,9 @@ def test_the_two_teams_at_once_are_measured_at_the_default_team_size(profiled):
     cast_t, update_t, bps = host.dram_teams
     assert (cast_t, update_t) == (team, team) and bps > 0
     assert "own OpenMP team" in host.sources["dram_teams_gbps"]
+    assert 0 < host.dram_teams_cast_bps < bps  # the cast's part, whence the CAST's weight
+    assert "cast team's own part" in host.sources["dram_teams_cast_gbps"]
+    assert host.cast_weight() > 0
     assert host.team_dram_bps(team) == min(host.dram_bps, bps)
     if team > 1:  # smaller teams: the kernels' traffic at their size
         assert host.team_dram_bps(1) == pytest.approx(min(host.dram_bps, max(
@@ -122,10 +125,11 @@ def test_teams_run_counts_the_dma_loads_beside_them():
         dst.copy_(src)
         calls.append(1)
 
-    alone = bench.teams_bps(1, 1, 0.05)
-    both = bench.teams_bps(1, 1, 0.05, [(load, 1e12)])  # a load said to move 1 TB a call
+    alone, cast_alone = bench.teams_bps(1, 1, 0.05)
+    both, cast_both = bench.teams_bps(1, 1, 0.05, [(load, 1e12)])  # said to move 1 TB a call
     assert len(calls) >= 2 and alone > 0  # a warm-up call, then timed ones
     assert both > 100 * alone  # its bytes are counted
+    assert 0 < cast_alone < alone and 0 < cast_both < 0.01 * both  # the cast's own part
 
     def broken():
         raise RuntimeError("copy failed")
@@ -198,6 +202,20 @@ def test_memory_cap_with_dma_is_parsed(tmp_path):
     with pytest.raises(SpecError, match="host.dram_dma_gbps"):
         load_hardware(str(f))
     assert load_hardware("h200x1").host.memory_bps() is None
+
+
+def test_cast_share_of_the_teams_run_is_checked(tmp_path):
+    base = (preset_dir() / "h200x1.toml").read_text()
+    f = tmp_path / "share.toml"
+    for extra, ok in (("dram_teams_gbps = [12, 12, 110.0]\ndram_teams_cast_gbps = 30.0\n", True),
+                      ("dram_teams_cast_gbps = 30.0\n", False),  # no run to split
+                      ("dram_teams_gbps = [12, 12, 110.0]\ndram_teams_cast_gbps = 110.0\n", False)):
+        f.write_text(base.replace("[host]\n", "[host]\n" + extra, 1))
+        if ok:
+            assert load_hardware(str(f)).host.dram_teams_cast_bps == 30e9
+        else:
+            with pytest.raises(SpecError, match="host.dram_teams_cast_gbps"):
+                load_hardware(str(f))
 
 
 def test_bad_teams_row_is_rejected_naming_the_field(tmp_path):

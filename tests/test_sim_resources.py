@@ -1,6 +1,8 @@
 """Resource models: the max-min fair rule, the core pool, and the measured host microbenchmarks."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slidedp.graph.tasks import Kind
 from slidedp.sim.microbench import adam_workers_gparam_per_s, cast_h2d_gbps, cpu_rate, dma_gbps
@@ -23,6 +25,62 @@ def test_speeds_capped_at_full_rate_and_ceiling():
     a, b = Flow(0, 1.0, [(0, 1.0)]), Flow(1, 1.0, [(0, 1.0)], cap=0.2)
     fill_speeds([a, b], [10.0])
     assert (a.speed, b.speed) == (1.0, pytest.approx(0.2))
+
+
+def test_weights_split_a_saturated_resource():
+    # a (weight 0.25) and b (weight 1) each want all of resource 0: 0.25 L x 10 + L x 10 = 10
+    a, b = Flow(0, 1.0, [(0, 10.0)], weight=0.25), Flow(1, 1.0, [(0, 10.0)])
+    fill_speeds([a, b], [10.0])
+    assert (a.speed, b.speed) == (pytest.approx(0.2), pytest.approx(0.8))
+    # b capped at 0.5 (its cores): a rises on alone until the resource is full
+    a, b = Flow(0, 1.0, [(0, 10.0)], weight=0.25), Flow(1, 1.0, [(0, 10.0)], cap=0.5)
+    fill_speeds([a, b], [10.0])
+    assert (a.speed, b.speed) == (pytest.approx(0.5), pytest.approx(0.5))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.05, 4.0), st.floats(0.05, 1.0),
+                          st.lists(st.tuples(st.integers(0, 2), st.floats(0.1, 20.0)),
+                                   min_size=1, max_size=3, unique_by=lambda u: u[0])),
+                min_size=1, max_size=6),
+       st.lists(st.floats(1.0, 30.0), min_size=3, max_size=3))
+def test_weighted_filling_is_feasible_and_each_flow_is_blocked(spec, capacity):
+    """No resource over its capacity, no flow over its cap, and each flow is held by its cap or
+    by a full resource on which no flow has a larger speed per weight (weighted max-min)."""
+    flows = [Flow(i, 1.0, uses, cap=cap, weight=w) for i, (w, cap, uses) in enumerate(spec)]
+    fill_speeds(flows, capacity)
+    load = [0.0] * 3
+    for f in flows:
+        assert 0 < f.speed <= f.cap * (1 + 1e-9)
+        for j, d in f.uses:
+            load[j] += f.speed * d
+    assert all(x <= c * (1 + 1e-9) for x, c in zip(load, capacity, strict=True))
+    full = {j for j in range(3) if load[j] >= capacity[j] * (1 - 1e-9)}
+    for f in flows:
+        if f.speed >= f.cap * (1 - 1e-9):
+            continue
+        assert any(j in full and all(g.speed / g.weight <= f.speed / f.weight * (1 + 1e-9)
+                                     for g in flows if any(k == j for k, _ in g.uses))
+                   for j, _ in f.uses)
+
+
+def test_cast_weight_reproduces_the_measured_split():
+    """With the profile's teams-at-once split, a CAST and an ADAM at their full rates on a
+    host-memory cap of the teams' total get what each team moved in that run."""
+    import dataclasses
+
+    host = load_hardware("h200x2").host
+    team = 24
+    cast_alone = host.cast_rate(team) * host.cast_dram_bytes_per_elem
+    adam_alone = host.adam_rate(team) * host.adam_dram_bytes_per_param
+    total, cast_part = 140e9, 30e9
+    host = dataclasses.replace(host, dram_teams=(team, team, total), dram_teams_cast_bps=cast_part)
+    cast = Flow(0, 1.0, [(0, cast_alone)], weight=host.cast_weight())
+    adam = Flow(1, 1.0, [(0, adam_alone)])
+    fill_speeds([cast, adam], [total])
+    assert cast.speed * cast_alone == pytest.approx(cast_part)
+    assert adam.speed * adam_alone == pytest.approx(total - cast_part)
+    assert dataclasses.replace(host, dram_teams_cast_bps=None).cast_weight() == 1.0
 
 
 def test_core_pool_water_filling_and_rate_curve():

@@ -36,8 +36,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from ortools.linear_solver import pywraplp
-
 TIME_LIMIT_S = 10.0
 SEED = 0
 TIE_EPS_S = 1e-9  # seconds: the whole memory tie-break is worth at most this much
@@ -72,7 +70,11 @@ def step_cost_s(data: list[PolicyData], counts: list[int]) -> float:
 def solve(
     data: list[PolicyData], n_layers: int, budget_bytes: float, time_limit_s: float = TIME_LIMIT_S
 ) -> list[int] | None:
-    """Optimal counts n_j (in the order of `data`), or None when no count vector fits B."""
+    """Optimal counts n_j (in the order of `data`), or None when no count vector fits B.
+    OR-Tools is imported here, so the commands that never solve (profile, train, validate) run
+    without it."""
+    from ortools.linear_solver import pywraplp
+
     s = pywraplp.Solver.CreateSolver("SCIP")
     s.SetTimeLimit(int(time_limit_s * 1000))
     s.SetSolverSpecificParametersAsString(f"randomization/randomseedshift = {SEED}\n")

@@ -319,14 +319,18 @@ class Assembler:
             },
         }
         if res.dram_teams is not None:
-            ct, ut, bps = res.dram_teams
+            ct, ut, bps, cast_bps = res.dram_teams
             t["dram_teams_gbps"] = [ct, ut, g4(bps / GB)]
+            t["dram_teams_cast_gbps"] = g4(cast_bps / GB)
             t["sources"]["dram_teams_gbps"] = m.source(
                 f"measured: a cast team of {ct} threads (torch copy_ FP32 -> BF16 of {mib} MiB) "
                 f"and an update team of {ut} threads (fused AdamW on {mib // 4}M parameters), "
                 "each in its own thread with its own OpenMP team as the executor runs them, at "
                 f"once for {TEAMS_S_PER_REPEAT * s.repeats:g} s: (6 B x cast elements + 28 B x "
                 "Adam parameters) / time")
+            t["sources"]["dram_teams_cast_gbps"] = m.source(
+                "measured: the cast team's own part of dram_teams_gbps, 6 B x cast elements / "
+                "time (the rest is the update team's; HostSpec.cast_weight)")
         if res.dram_dma is not None:
             ct, ut, gpus, bps = res.dram_dma
             t["dram_dma_gbps"] = [ct, ut, gpus, g4(bps / GB)]

@@ -14,7 +14,8 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          BF16 and an update team running the fused AdamW, each in its own thread with its own
          OpenMP team (engine.own_omp_team), both looping for the same wall time on buffers of
          their own: (6 B x cast elements + 28 B x Adam parameters) / time, the DRAM traffic the
-         executor's default teams reach together (the model's host DRAM cap, HostSpec.team_dram_bps)
+         executor's default teams reach together (the model's host DRAM cap, HostSpec.team_dram_bps),
+         and the cast's own part of it (how the two share it, HostSpec.cast_weight)
   teams + DMA   the same with every GPU copying both ways at once beside them (PCIe: pinned
          buffers, pcie.PcieBench.dma_loads): (the teams' bytes + the copies' bytes) / time, all the
          host-memory traffic of the executor's mix (HostSpec.memory_bps)
@@ -99,13 +100,14 @@ class HostBench:
         return self.elems / self._median_s(lambda: self._adam_step(bf16_grad), threads)
 
     def teams_bps(self, cast_threads: int, update_threads: int, seconds: float,
-                  dma: Sequence[tuple[Callable[[], None], float]] = ()) -> float:
+                  dma: Sequence[tuple[Callable[[], None], float]] = ()) -> tuple[float, float]:
         """DRAM bytes/s of a cast team and an update team running at once (module docstring),
         with `dma` loads beside them (each a call and the host-memory bytes one call moves, run
         in a thread of its own: every GPU's copies, PcieBench.dma_loads): one warm-up call each,
-        then all loop from a common start for `seconds`; the bytes all moved over the time from
-        the first start to the last end. A load that raises stops the others at the start
-        barrier (or lets them finish) and the run raises RuntimeError from its error."""
+        then all loop from a common start for `seconds`. Returns (the bytes all moved, the bytes
+        the cast team moved), each over the time from the first start to the last end. A load
+        that raises stops the others at the start barrier (or lets them finish) and the run
+        raises RuntimeError from its error."""
         cast_src = torch.full((self.elems,), 0.25)  # the cast's own source: Adam writes `src`
         loads = [(cast_threads, lambda: self.bf16.copy_(cast_src),
                   self.elems * CAST_DRAM_BYTES_PER_ELEM),
@@ -131,7 +133,8 @@ class HostBench:
 
         run_together([body(i, *x) for i, x in enumerate(loads)],
                      "a load of the teams-at-once run")
-        return sum(moved) / (max(e for _, e in spans) - min(s for s, _ in spans))
+        span_s = max(e for _, e in spans) - min(s for s, _ in spans)
+        return sum(moved) / span_s, moved[0] / span_s
 
 
 MAX_CHUNK_REPEATS = 64

@@ -48,8 +48,9 @@ class Results:
     cast_elems_per_s: dict[int, float] = field(default_factory=dict)
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
     adam_bf16_grad_params_per_s: dict[int, float] = field(default_factory=dict)
-    # the cast and update teams at once: (cast threads, update threads, DRAM bytes/s)
-    dram_teams: tuple[int, int, float] | None = None
+    # the cast and update teams at once: (cast threads, update threads, DRAM bytes/s, the cast
+    # team's bytes/s)
+    dram_teams: tuple[int, int, float, float] | None = None
     # the same with every GPU's duplex copies: (cast threads, update threads, GPUs, bytes/s)
     dram_dma: tuple[int, int, int, float] | None = None
     # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
@@ -124,7 +125,8 @@ class Profiler:
         team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
 
         def teams():
-            r.dram_teams = (team, team, self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats))
+            r.dram_teams = (team, team,
+                            *self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats))
 
         steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host)]
         steps += [Step(f"host copy, cast, adam at {n} threads", lambda n=n: measure(n))
@@ -188,8 +190,8 @@ class Profiler:
         team = team_cores(self.m.cores)
 
         def teams_and_dma():
-            bps = self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats,
-                                       self._pcie.dma_loads())
+            bps, _ = self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats,
+                                          self._pcie.dma_loads())
             r.dram_dma = (team, team, gpus, bps)
 
         steps = [Step("pin host buffers", alloc)]

@@ -34,8 +34,10 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
           f"{res.adam_bf16_grad_params_per_s[n] / 1e9:.2f}"]
          for n in res.threads])]
     if res.dram_teams is not None:
-        ct, ut, bps = res.dram_teams
-        line = f"host memory traffic: cast {ct} + update {ut} threads at once {bps / GB:.1f} GB/s"
+        ct, ut, bps, cast_bps = res.dram_teams
+        line = (f"host memory traffic: cast {ct} + update {ut} threads at once {bps / GB:.1f} GB/s"
+                f" (the cast {cast_bps / GB:.1f}; its weight beside Adam "
+                f"{spec.host.cast_weight():.2f})")
         if res.dram_dma is not None:
             line += f"; with {res.dram_dma[2]} GPU(s) copying both ways {res.dram_dma[3] / GB:.1f} GB/s"
         parts.append(line)

@@ -215,8 +215,8 @@ def run_graph(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: Hardwar
             if specs is None or d <= 0 or not (specs[v][0] or specs[v][1] >= 0):
                 yield env.timeout(d)
             else:
-                uses, pool, curve = specs[v]
-                f = Flow(v, d, uses, threads[v] if pool >= 0 else 0.0, curve, pool)
+                uses, pool, curve, weight = specs[v]
+                f = Flow(v, d, uses, threads[v] if pool >= 0 else 0.0, curve, pool, weight=weight)
                 f.done = env.event()
                 share.start(f)
                 yield f.done

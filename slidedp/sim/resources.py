@@ -32,11 +32,13 @@ Sharing rule, in two stages, recomputed whenever a task starts or ends:
      rate, with rate() the host's measured curve (cast: its chunk size's, HostSpec.cast_rate;
      Adam; linear for HOST_SUM), so a pool shared by workers beyond the saturation knee loses
      little.
-  2. bandwidth: speeds are max-min fair (progressive filling): all speeds rise together from 0;
-     when a resource's capacity is reached, the tasks on it freeze at that speed; when a task
-     reaches its ceiling from stage 1 it freezes; the others keep rising. Equal speed = equal
-     fraction of each task's own full rate, so two identical DMAs through a saturated host cap
-     get equal bytes/s.
+  2. bandwidth: speeds are weighted max-min fair (progressive filling): a level rises from 0
+     and each task runs at speed weight x level; when a resource's capacity is reached, the tasks
+     on it freeze at their speed; when a task reaches its ceiling from stage 1 it freezes; the
+     others keep rising. Equal weights = equal fractions of each task's own full rate, so two
+     identical DMAs through a saturated host cap get equal bytes/s. Every weight is 1 but the
+     CAST's: HostSpec.cast_weight, from the profile's teams-at-once run, where the cast team got
+     a smaller fraction of its own rate than the update team beside it (1 where not measured).
 The rule has no memory: rates depend only on the set of running tasks.
 """
 
@@ -66,6 +68,7 @@ class Flow:
     curve: Callable[[float], float] | None = None  # rate against threads (None: linear)
     pool: int = -1  # index of the core pool (a `.cores` resource), -1 for GPU tasks
     cap: float = 1.0  # speed ceiling after the core allocation
+    weight: float = 1.0  # share of a saturated resource, relative (stage 2)
     speed: float = 1.0
     cores: float = 0.0  # cores held now
     core_s: float = 0.0  # core-seconds held so far
@@ -95,7 +98,9 @@ def allocate_cores(flows: list[Flow], pool_cores: dict[int, float]) -> None:
 
 
 def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
-    """Stage 2: max-min fair speeds by progressive filling, each flow capped at its `cap`."""
+    """Stage 2: weighted max-min fair speeds by progressive filling: a common level rises from
+    0, each unfrozen flow runs at speed weight x level; a flow freezes when a resource it uses
+    saturates or when it reaches its `cap`."""
     left: dict[int, float] = {}
     for f in flows:
         for j, _ in f.uses:
@@ -103,11 +108,11 @@ def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
     unfrozen = flows
     level = 0.0
     while unfrozen:
-        demand: dict[int, float] = {}
+        demand: dict[int, float] = {}  # per unit of level
         for f in unfrozen:
             for j, d in f.uses:
-                demand[j] = demand.get(j, 0.0) + d
-        nxt = min(f.cap for f in unfrozen)
+                demand[j] = demand.get(j, 0.0) + f.weight * d
+        nxt = min(f.cap / f.weight for f in unfrozen)
         saturated = set()
         for j, d in demand.items():
             if d > 0:
@@ -122,8 +127,9 @@ def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
         level = nxt
         keep = []
         for f in unfrozen:
-            if f.cap <= level * (1 + REL_EPS) or any(j in saturated for j, _ in f.uses):
-                f.speed = min(level, f.cap)
+            if (f.cap <= f.weight * level * (1 + REL_EPS)
+                    or any(j in saturated for j, _ in f.uses)):
+                f.speed = min(f.weight * level, f.cap)
             else:
                 keep.append(f)
         unfrozen = keep
@@ -131,7 +137,8 @@ def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
 
 def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: HardwareSpec,
                     collective_sm_fraction: float):
-    """Per task: (demands [(resource, per second)], core pool index, rate curve). Built once.
+    """Per task: (demands [(resource, per second)], core pool index, rate curve, weight). Built
+    once.
 
     Demands are draws / duration; draws on a `.cores` pool become the pool index (stage 1).
     Collectives add `collective_sm_fraction` of each rank's compute stream.
@@ -142,6 +149,7 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     gb = grad_bytes(g)
     curves = {int(Kind.ADAM): lambda threads: hw.host.adam_rate(threads, gb)}
     cast_curves: dict[float, Callable[[float], float]] = {}  # chunk elements -> its thread curve
+    cast_weight = hw.host.cast_weight()
     work = g.work.tolist()
     coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
     ptr, res, amt = use.ptr.tolist(), use.res.tolist(), use.amount.tolist()
@@ -164,5 +172,5 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
                                                              chunk_elems=work[v]))
         else:
             curve = curves.get(k)
-        specs.append((uses, pool, curve))
+        specs.append((uses, pool, curve, cast_weight if k == Kind.CAST else 1.0))
     return specs

@@ -17,6 +17,8 @@ Schema (units in names):
               cast_dram_bytes_per_elem, source
               dram_teams_gbps = [cast threads, update threads, GB/s]  (optional) the DRAM traffic
               of a cast team and an update team at once (slidedp profile; HostSpec.team_dram_bps)
+              dram_teams_cast_gbps  (optional, with dram_teams_gbps) the cast team's own share of
+              that traffic (the rest is the update team's; HostSpec.cast_weight)
               dram_dma_gbps = [cast threads, update threads, GPUs, GB/s]  (optional) the same with
               every GPU copying both ways beside them: all host-memory traffic (HostSpec.memory_bps)
               cast_chunk_gelem_per_s = [[chunk_mib, threads, rate], ...]  (optional) the cast by
@@ -154,6 +156,8 @@ class HostSpec:
     cast_chunk: tuple[tuple[float, RateCurve], ...] = ()
     # (cast threads, update threads, DRAM bytes/s) of the two teams at once; None: not measured
     dram_teams: tuple[float, float, float] | None = None
+    # the cast team's bytes/s in that run; None: not measured (profiles before 2026-12-01 01:50)
+    dram_teams_cast_bps: float | None = None
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
     dram_dma: tuple[float, float, float, float] | None = None
@@ -192,6 +196,22 @@ class HostSpec:
         kernels = max(self.adam_rate(threads) * self.adam_dram_bytes_per_param,
                       self.cast_rate(threads) * self.cast_dram_bytes_per_elem)
         return min(self.dram_bps, kernels)
+
+    def cast_weight(self) -> float:
+        """How much of a saturated host-memory cap a CAST gets beside the update's ADAM, relative
+        to it (the simulator's stage-2 weight, sim/resources.py): from the teams-at-once run,
+        (the cast team's bytes there / its bytes alone) / (the update team's bytes there / its
+        bytes alone), each alone at its own team size. 1 (equal fractions of their own rates)
+        where the profile did not record the split. On nvidia-h200-x2 (24 + 24 threads on 32
+        cores) a 64 MiB cast took 2.15 ms alone and 7.5 ms beside the update
+        (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two."""
+        if self.dram_teams is None or self.dram_teams_cast_bps is None:
+            return 1.0
+        cast_t, update_t, total = self.dram_teams
+        cast_alone = self.cast_rate(cast_t) * self.cast_dram_bytes_per_elem
+        adam_alone = self.adam_rate(update_t) * self.adam_dram_bytes_per_param
+        return ((self.dram_teams_cast_bps / cast_alone)
+                / ((total - self.dram_teams_cast_bps) / adam_alone))
 
     def memory_bps(self) -> float | None:
         """Bytes/s of all host-memory traffic at once, the GPUs' DMA included: measured where
@@ -302,7 +322,8 @@ def _host(t: Table) -> HostSpec:
     keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
     src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
-                                          "dram_dma_gbps", "adam_bf16_grad_gparam_per_s")
+                                          "dram_teams_cast_gbps", "dram_dma_gbps",
+                                          "adam_bf16_grad_gparam_per_s")
                           if t.has(k)])
     teams = dma = None
     if t.has("dram_teams_gbps"):
@@ -310,6 +331,15 @@ def _host(t: Table) -> HostSpec:
                                              "host.dram_teams_gbps",
                                              "[cast threads, update threads, GB/s]")
         teams = (cast_t, update_t, gbps * GB)
+    teams_cast = None
+    if t.has("dram_teams_cast_gbps"):
+        if teams is None:
+            raise SpecError(t.where, "host.dram_teams_cast_gbps",
+                            "only beside host.dram_teams_gbps (the run it splits)")
+        teams_cast = t.num("dram_teams_cast_gbps") * GB
+        if not 0 < teams_cast < teams[2]:
+            raise SpecError(t.where, "host.dram_teams_cast_gbps",
+                            f"between 0 and dram_teams_gbps ({teams[2] / GB:g}), exclusive")
     if t.has("dram_dma_gbps"):
         (cast_t, update_t, gpus, gbps), = _triples([t.raw("dram_dma_gbps")], t.where,
                                                    "host.dram_dma_gbps",
@@ -326,7 +356,8 @@ def _host(t: Table) -> HostSpec:
     h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
-                              src.get("cast_chunk_gelem_per_s", "")), teams, dma, adam_bf16)
+                              src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast, dma,
+                 adam_bf16)
     t.done()
     return h
 
