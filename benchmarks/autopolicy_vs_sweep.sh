@@ -12,6 +12,7 @@ MB=${3:-4}
 SEQ=${4:-4096}
 HW=${HW:-benchmarks/results/2026-11-30-h200-profile.toml}
 DEVICE=${DEVICE:-cuda}  # cpu: a dry run of the plumbing (e.g. MODEL tiny-qwen3, SEQ 32)
+CAP=${CAP:-}  # GiB: AutoPolicy's --gpu-memory-cap-gib (default: the whole GPU)
 export PYTHONPATH=${PYTHONPATH:-}:$PWD
 mkdir -p "$OUT" && rm -f "$OUT/sweep.jsonl"
 L=$(python3 -c "from slidedp.spec.model import load_model as m; print(m('$MODEL').n_layers)")
@@ -19,6 +20,7 @@ python3 benchmarks/policy_layers.py "$OUT/policy_layers.json" --model "$MODEL" -
     --seq "$SEQ" --device "$DEVICE" || echo "policy_layers failed"
 /usr/bin/time -f "selection wall %e s" python3 -m slidedp.cli plan --hardware "$HW" --model "$MODEL" \
     --gpus 1 --seq "$SEQ" --micro-batch "$MB" --probe --device "$DEVICE" --out "$OUT/plan.toml" \
+    ${CAP:+--gpu-memory-cap-gib "$CAP"} \
     2>&1 | tee "$OUT/plan.txt"
 SAC=$(python3 -c "print('layer_policies=' + str(['sac'] * $L).replace(' ', '').replace(\"'\", '\"'))")
 grid=()

@@ -14,8 +14,9 @@
 #                                                      #   validation cases of cases-h200-4b.toml
 #   bash benchmarks/next_gpu_session.sh h200-rows OUT # nvidia-h200: 4B mb 4-8, embedding_rows with the
 #                                                      #   tied bulk spread over the backward; loss run
-#   bash benchmarks/next_gpu_session.sh x2-val OUT    # nvidia-h200-x2: profile, the 8B validation cases,
-#                                                      #   8B embedding_rows on / off at R = 1 and 2
+#   [MODEL=qwen3-4b] bash benchmarks/next_gpu_session.sh x2-val OUT  # nvidia-h200-x2: profile,
+#                                                      #   the cast under load, MODEL's validation
+#                                                      #   cases, 1:1 with 12 + 18 teams
 #   bash benchmarks/next_gpu_session.sh h200-ratio OUT # nvidia-h200: issue 4's ratio after the GC fix
 #   bash benchmarks/next_gpu_session.sh h200-widen OUT # nvidia-h200: BF16 gradient downloads (GPU
 #                                                      #   tests, profile, 4B ratio host vs gpu widen)
@@ -82,20 +83,21 @@ h200)  # nvidia-h200, one call: profile v3, the 4B GPU-bound batches with and wi
     python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-v3.toml" \
         --cases validation/cases-h200-4b.toml --machine nvidia-h200 --out "$OUT/val" \
         --iters 6 --discard 3 --runs 1 ;;
-x2-val)  # nvidia-h200-x2, one call: profile (Adam on FP32 and BF16 gradients, the teams with
-    # DMA), the BF16-gradient Adam by widening block, the 8B validation cases (host-bound and
-    # GPU-bound, both routes of each kind, 64 and 256 MiB chunks, 1 and 2 GPUs; issue 6), then the
-    # host-bound R = 2 case with the gradients widened on the host against on the GPU
+x2-val)  # nvidia-h200-x2, one call: profile (the teams at once with the cast's share, the teams
+    # with DMA), the cast of a chunk under each load (chunk_cost_probe.py), the
+    # host-bound 1:1 case of MODEL (default qwen3-8b) with the default teams (24 + 24 on 32 cores:
+    # oversubscribed while the backward's casts and updates run together) against 12 + 18, then
+    # MODEL's validation cases (validation/cases-h200x2-{8b,4b}.toml: host-bound and GPU-bound,
+    # both routes of each kind, 64 and 256 MiB chunks, 1 and 2 GPUs; issue 6)
+    M=${MODEL:-qwen3-8b}
     python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
-        --model qwen3-8b --micro-batch 1 4 --quick --name "h200x2-profile-$(date +%H%M)"
-    python3 benchmarks/widen_block_probe.py "$OUT/widen-blocks.json" --threads 12 24
+        --model qwen3-4b qwen3-8b --micro-batch 1 4 --quick --name "h200x2-profile-$(date +%H%M)"
+    python3 benchmarks/chunk_cost_probe.py "$OUT/chunk-cost-probe.json"
+    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/multi_gpu.py "$OUT/teams-1-1.jsonl" "$M" "1:1:$G" \
+        "1:1:$G:cast_threads=12:update_threads=18" --iters 6 --discard 3
     python3 -m slidedp.cli validate --hardware "$OUT/h200x2-profile.toml" \
-        --cases validation/cases-h200x2-8b.toml --machine nvidia-h200-x2 --out "$OUT/val" \
-        --iters 6 --discard 3 --runs 1
-    HOST_WIDEN='grad_widen="host"'
-    python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/multi_gpu.py \
-        "$OUT/8b-widen-r2.jsonl" qwen3-8b "2:1:$G:window_slots=36" "2:1:$G:window_slots=36:$HOST_WIDEN" \
-        --iters 6 --discard 3 ;;
+        --cases "validation/cases-h200x2-${M#qwen3-}.toml" --machine nvidia-h200-x2 --out "$OUT/val" \
+        --iters 6 --discard 3 --runs 1 ;;
 h200-rows)  # nvidia-h200, one call: the 4B smallest GPU-bound micro-batch with the tied bulk
     # spread over the backward (embedding_rows), beside the references, and the 200-step loss run
     python3 benchmarks/multi_gpu.py "$OUT/h200-4b-rows.jsonl" qwen3-4b ref:4 ref:5 ref:6 ref:8 \
@@ -144,7 +146,8 @@ chunk-cost)  # nvidia-h200-x2 (one GPU), one call: why the executor's cast of a 
     done ;;
 ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against the real sweep,
     # Qwen3-4B at a GPU-bound micro-batch (issue 8); `ap MB SEQ` for other shapes, e.g. the
-    # long-sequence case `ap 1 16384`; the profile of the h200-ratio call via HW=...
+    # long-sequence case `ap 1 16384`; the profile of the h200-ratio call via HW=...; CAP=GiB for
+    # AutoPolicy's --gpu-memory-cap-gib
     HW=${HW:?set HW to a profile TOML of this machine} bash benchmarks/autopolicy_vs_sweep.sh \
         "$OUT/ap" "${MODEL:-qwen3-4b}" "${3:-6}" "${4:-4096}" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
