@@ -16,9 +16,9 @@ over the ranks: shared memory counts once in the sum; channel_s over every rank'
 compute_idle_s: per GPU, the seconds of the last step its compute stream ran nothing, i.e. the
 exposed time, Timeline.compute_idle_s).
 The measurement itself is slidedp.validate.runner's (shared with `slidedp validate`).
---traces DIR: rank 0 also writes each case's last step (every rank's tasks) as a Chrome trace,
-DIR/<importer.trace_file_name(case)>, which `slidedp validate --import-results` stores beside the
-case (provenance field `traces`).
+--traces DIR: rank 0 also writes each case's last step (every rank's tasks) as a gzip-compressed
+Chrome trace, DIR/<importer.trace_file_name(case)> (.json.gz: Perfetto opens it), which `slidedp
+validate --import-results` stores beside the case (provenance field `traces`).
 --switch-interval-s S: the interpreter's thread switch interval (sys.setswitchinterval; Python's
 default 0.005 s) for every case: how long an agent thread may wait for the GIL after a torch op
 that released it (each row records it).

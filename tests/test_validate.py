@@ -2,6 +2,7 @@
 measured run on the CPU (one in-process rank and two torchrun ranks over gloo). On the CPU the
 predictions of an H200 are meaningless: the run checks files and keys, not errors."""
 
+import gzip
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from slidedp.spec.plan import GradRoute, ParamRoute
 from slidedp.validate import store
 from slidedp.validate.cases import case_toml, load_cases, parse_case_spec, parse_cases
 from slidedp.validate.importer import NO_TRACE, import_results, trace_file_name
-from slidedp.validate.traces import load_trace
+from slidedp.validate.traces import GZIP_MAGIC, load_trace, read_trace_doc
 
 ROOT = Path(__file__).parents[1]
 VALIDATION = ROOT / "validation"
@@ -262,8 +263,9 @@ def test_import_refuses_case_strings_of_no_case(tmp_path, field, given):
 
 def test_multi_gpu_traces_are_imported_beside_their_cases(tmp_path):
     """benchmarks/multi_gpu.py --traces (the real script, on the CPU) writes each case's last
-    step; the importer stores it as the case's measured trace, with the simulated one and their
-    overlay; a case without a file in the folder is stored without a trace and says so."""
+    step (gzip); the importer stores it as the case's measured trace, with the simulated one and
+    their overlay, also from a plain .json of that name (an older run's); a case without a file
+    in the folder is stored without a trace and says so."""
     results, traces = tmp_path / "r.jsonl", tmp_path / "r.traces"
     cases = ["2:1:sharded:gpu:rank0", "2:2:sharded:gpu:rank0:window_slots=4"]
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "multi_gpu.py"), str(results),
@@ -271,6 +273,11 @@ def test_multi_gpu_traces_are_imported_beside_their_cases(tmp_path):
                     "--discard", "1", "--traces", str(traces)],
                    check=True, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True)
     assert sorted(p.name for p in traces.iterdir()) == sorted(trace_file_name(c) for c in cases)
+    written = traces / trace_file_name(cases[0])
+    assert written.name.endswith(".json.gz") and written.read_bytes()[:2] == GZIP_MAGIC
+    doc = read_trace_doc(written)
+    written.with_suffix("").write_text(json.dumps(doc))  # NAME.json: the plain form
+    written.unlink()
     (traces / trace_file_name(cases[1])).unlink()
     prov = tmp_path / "imports.toml"
     prov.write_text('[[source]]\nresults = "r.jsonl"\nformat = "multi_gpu"\nprefix = "t"\n'
@@ -283,10 +290,34 @@ def test_multi_gpu_traces_are_imported_beside_their_cases(tmp_path):
     assert meas["trace"] == store.MEASURED_TRACE and NO_TRACE not in meas["notes"]
     for name in (store.MEASURED_TRACE, store.SIMULATED_TRACE, store.OVERLAY):
         assert (with_trace / name).is_file()
+    assert json.loads(gzip.decompress((with_trace / store.MEASURED_TRACE).read_bytes())) == doc
     assert json.loads((with_trace / store.PREDICTED).read_text())["task_kind_s"]["ADAM"][0] > 0
     meas = json.loads((without / store.MEASURED).read_text())
     assert meas["trace"] is None and NO_TRACE in meas["notes"]
     assert not (without / store.MEASURED_TRACE).exists()
+
+
+def test_an_older_store_of_plain_json_traces_is_read_and_repredicted(tmp_path):
+    """Stored traces are gzip files (NAME.json.gz, what gzip -d and Perfetto read); a case stored
+    before them (plain measured_trace.json and simulated_trace.json) is read as it is, and its
+    re-prediction writes the simulated trace in the .json.gz form in place of the plain one."""
+    src = VALIDATION / "h200-2153-qwen3-4b-r1-gb4-mb4-sharded-gpu-rank0-w36"
+    assert src.joinpath(store.MEASURED_TRACE).read_bytes()[:2] == GZIP_MAGIC
+    case = tmp_path / "validation" / src.name
+    shutil.copytree(src, case)
+    for name in (store.MEASURED_TRACE, store.SIMULATED_TRACE):
+        (case / name.removesuffix(".gz")).write_bytes(gzip.decompress((case / name).read_bytes()))
+        (case / name).unlink()
+    plain, packed = load_trace(case / "measured_trace.json"), load_trace(src / store.MEASURED_TRACE)
+    assert plain.records and (plain.records, plain.exposures) == (packed.records, packed.exposures)
+    assert main(["validate", "--predict-only", "--out", str(case.parent), "--hardware", "h200x1"]) == 0
+    assert (case / "measured_trace.json").is_file() and not (case / "simulated_trace.json").exists()
+    pred = json.loads((case / store.PREDICTED).read_text())
+    assert pred["simulated_trace"] == store.SIMULATED_TRACE and pred["task_kind_s"]["FWD"][0] > 0
+    simulated = (case / store.SIMULATED_TRACE).read_bytes()
+    assert json.loads(gzip.decompress(simulated))["traceEvents"]
+    assert main(["validate", "--predict-only", "--out", str(case.parent), "--hardware", "h200x1"]) == 0
+    assert (case / store.SIMULATED_TRACE).read_bytes() == simulated  # no time stamp in the gzip
 
 
 def test_import_refuses_a_skip_that_is_not_a_list(tmp_path):

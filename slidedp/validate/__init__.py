@@ -1,13 +1,14 @@
 """`slidedp validate`: measured step times beside the analytic and simulated predictions.
 
 A validated case is data (conventions.md): `validation/<case>/` holds
-    case.toml             the specs and the full plan (a one-case cases file)
-    measured.json         step time, per-channel busy seconds, GPU peak, host PSS, date, machine,
-                          GPU, torch version, the command, notes
-    predicted.json        the analytic and simulated predictions, the hardware file and its sha256
-    measured_trace.json   the last measured step's Timeline (Chrome trace), when one was saved
-    simulated_trace.json  the simulated steady step (Chrome trace), written beside a measured one
-    overlay.png           both timelines per channel (plot.py), when both traces exist
+    case.toml                the specs and the full plan (a one-case cases file)
+    measured.json            step time, per-channel busy seconds, GPU peak, host PSS, date,
+                             machine, GPU, torch version, the command, notes
+    predicted.json           the analytic and simulated predictions, the hardware file, its sha256
+    measured_trace.json.gz   the last measured step's Timeline (Chrome trace, gzip), when one was
+                             saved (an older store's plain measured_trace.json is read as well)
+    simulated_trace.json.gz  the simulated steady step (Chrome trace, gzip), beside a measured one
+    overlay.png              both timelines per channel (plot.py), when both traces exist
 and `validation/SUMMARY.md` / `summary.csv` put every stored case side by side with the error
 statistics. Hardware numbers come from `slidedp profile` (or a preset) only: nothing is fitted to
 end-to-end step times.
@@ -20,7 +21,7 @@ end-to-end step times.
     predict.py   analytic + simulated predictions of a case
     summary.py   the side-by-side table, MAPE and maximum error
     importer.py  earlier benchmark results turned into stored cases
-    traces.py    Timelines read back from Chrome traces, the steady-step window
+    traces.py    Timelines in and out of Chrome trace files (.json.gz or .json), the steady step
     plot.py      measured and simulated timelines overlaid per channel
     exposure.py  C, H, E per case and what-if re-simulations (the exposure notebook)
 """

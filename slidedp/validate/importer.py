@@ -25,7 +25,8 @@ A provenance file (TOML; paths relative to it) says where each results file came
                                   # an executor schedule the current graph no longer describes
     traces = "../benchmarks/results/2026-12-01-h200-qwen3-4b.traces"
                                   # the folder of `multi_gpu.py --traces` (optional): a case's
-                                  # measured trace (trace_file_name of its case string), stored
+                                  # measured trace (trace_file_name of its case string, .json.gz,
+                                  # or the same name as plain .json), stored gzip-compressed
                                   # beside it with the simulated trace and their overlay
 
 The case folder is named after the plan as requested; the stored plan carries the threads as run,
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,6 +50,7 @@ from slidedp.spec.tomlio import Table, read_toml
 from slidedp.validate import store
 from slidedp.validate.cases import Case
 from slidedp.validate.predict import write_predictions
+from slidedp.validate.traces import find_trace, read_trace_doc, trace_names, write_trace_doc
 
 GIB = 2**30
 FORMATS = ("multi_gpu", "single_gpu")
@@ -57,8 +58,9 @@ NO_TRACE = "no Timeline trace was saved by this benchmark run (figures only)"
 
 
 def trace_file_name(case: str) -> str:
-    """The file benchmarks/multi_gpu.py --traces writes a case's measured trace to."""
-    return "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in case) + ".json"
+    """The file benchmarks/multi_gpu.py --traces writes a case's measured trace to (gzip; the
+    importer also takes the plain .json of that name)."""
+    return "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in case) + ".json.gz"
 
 
 def case_name(prefix: str, c: Case) -> str:
@@ -187,7 +189,7 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
         for case, figures in rows:
             if case.name in skip:
                 continue
-            trace = traces / trace_file_name(case.name) if traces is not None else None
+            trace = find_trace(traces / trace_file_name(case.name)) if traces is not None else None
             plan, ran_notes = _as_run(case, ran)
             case = Case(case_name(prefix, case), case.model, case.seq, case.gpus,
                         case.global_batch, case.micro_batch, plan)
@@ -195,11 +197,12 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
             store.write_case(folder, case, f"imported by slidedp validate --import-results from "
                                            f"{results.name} (measured {figures['date']}, {machine})")
             stored_trace = folder / store.MEASURED_TRACE
-            if trace is not None and trace.is_file():
-                shutil.copyfile(trace, stored_trace)
+            if trace is not None:
+                write_trace_doc(read_trace_doc(trace), stored_trace)
             else:
-                stored_trace.unlink(missing_ok=True)
-            has_trace = stored_trace.is_file()
+                for old in trace_names(stored_trace):
+                    old.unlink(missing_ok=True)
+            has_trace = trace is not None
             store.write_json(folder / store.MEASURED, figures | {
                 "case": case.name, "machine": machine, "gpus_used": case.gpus,
                 **({"device": "cpu", "dtype": "float32"} if figures["gpu"] == "cpu" else

@@ -2,7 +2,7 @@
 
 Both come from the same task graph and the given hardware file (profiled or a preset), with no
 knowledge of the measured figures. Beside a measured trace the simulated steady step is written
-as simulated_trace.json (times from the step's start, like the measured one) and the two are
+as simulated_trace.json.gz (times from the step's start, like the measured one) and the two are
 overlaid per channel in overlay.png, and predicted.json's task_kind_s lists each task kind's
 summed seconds [measured, simulated] (which kind of task the model gets wrong); without one, the
 simulated trace is left out (it is reproducible with `slidedp simulate --trace`, and there is
@@ -20,7 +20,7 @@ from slidedp.sim.simulator import simulate
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.validate import store
 from slidedp.validate.cases import Case
-from slidedp.validate.traces import load_trace, save_trace, steady_step
+from slidedp.validate.traces import find_trace, load_trace, save_trace, steady_step
 
 
 def analytic_figures(hw: HardwareSpec, case: Case) -> dict:
@@ -51,7 +51,7 @@ def simulated_figures(res: SimResult) -> dict:
 
 
 def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) -> dict:
-    """predicted.json (and, beside a measured trace, simulated_trace.json and overlay.png)."""
+    """predicted.json (and, beside a measured trace, simulated_trace.json.gz and overlay.png)."""
     case = store.read_case(folder)
     hw, ref = store.hardware_ref(hardware, folder)
     res = simulate(hw, case.workload(), case.plan)
@@ -59,8 +59,8 @@ def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) ->
            "hardware": ref | {"notes": hardware_notes},
            "analytic": analytic_figures(hw, case), "simulated": simulated_figures(res),
            "simulated_trace": None}
-    measured_trace = folder / store.MEASURED_TRACE
-    if measured_trace.is_file():
+    measured_trace = find_trace(folder / store.MEASURED_TRACE)
+    if measured_trace is not None:
         from slidedp.validate.plot import overlay  # matplotlib only where a plot is drawn
 
         simulated = steady_step(res.timeline())

@@ -18,7 +18,9 @@ from slidedp.spec.hardware import HardwareSpec, load_hardware, preset_dir
 from slidedp.validate.cases import Case, case_toml, load_cases
 
 CASE, MEASURED, PREDICTED = "case.toml", "measured.json", "predicted.json"
-MEASURED_TRACE, SIMULATED_TRACE, OVERLAY = "measured_trace.json", "simulated_trace.json", "overlay.png"
+# traces gzip-compressed; a plain measured_trace.json (an older store) is read too (traces.find_trace)
+MEASURED_TRACE, SIMULATED_TRACE = "measured_trace.json.gz", "simulated_trace.json.gz"
+OVERLAY = "overlay.png"
 SUMMARY_MD, SUMMARY_CSV = "SUMMARY.md", "summary.csv"
 
 

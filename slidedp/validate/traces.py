@@ -4,10 +4,15 @@ A Chrome trace written by Timeline.chrome_trace() holds everything a Timeline ho
 name is "KIND u<unit>[ c<chunk>]", its args hold iteration and rank, its thread (named in the
 metadata events) is the agent; an "EXPOSED" event is an Exposure. So a stored trace is the stored
 Timeline: load_trace() reads it back for plots and comparisons.
+
+Traces are stored gzip-compressed (NAME.json.gz: Perfetto and chrome://tracing open it as it is);
+every reader also takes the plain NAME.json (an older store, a trace handed in): read_trace_doc
+tells the two apart by their first bytes, find_trace looks for either name.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -15,21 +20,53 @@ from pathlib import Path
 from slidedp.graph.timeline import Exposure, Record, Timeline
 
 US = 1e-6
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def trace_names(path: Path) -> tuple[Path, ...]:
+    """path and, for NAME.json.gz, the plain NAME.json that holds the same trace uncompressed."""
+    path = Path(path)
+    plain = path.with_name(path.name.removesuffix(".gz"))
+    return (path, plain) if plain != path else (path,)
+
+
+def find_trace(path: Path) -> Path | None:
+    """The trace file at path or, where path names NAME.json.gz, the plain NAME.json beside it;
+    None when neither exists."""
+    return next((p for p in trace_names(path) if p.is_file()), None)
+
+
+def read_trace_doc(path: Path) -> dict:
+    """A Chrome trace's JSON document, from a gzip file or a plain one (whatever its name)."""
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if data[:2] == GZIP_MAGIC else data)
+
+
+def write_trace_doc(doc: dict, path: Path) -> None:
+    """A Chrome trace's JSON document, gzip-compressed when path ends with .gz (with no time stamp
+    in the header: the same trace gives the same bytes). The plain NAME.json of a NAME.json.gz
+    is removed: it held an older copy of the same trace."""
+    path = Path(path)
+    data = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
+    for other in trace_names(path)[1:]:
+        other.unlink(missing_ok=True)
 
 
 def save_trace(tl: Timeline, path: Path) -> None:
-    """Chrome trace JSON, times rounded to the nanosecond (smaller files, nothing lost that a
-    measured clock resolves)."""
+    """A Timeline as a Chrome trace (write_trace_doc), times rounded to the nanosecond (smaller
+    files, nothing lost that a measured clock resolves)."""
     doc = tl.chrome_trace()
     for ev in doc["traceEvents"]:
         for k in ("ts", "dur"):
             if k in ev:
                 ev[k] = round(ev[k], 3)
-    Path(path).write_text(json.dumps(doc))
+    write_trace_doc(doc, path)
 
 
 def load_trace(path: Path) -> Timeline:
-    doc = json.loads(Path(path).read_text())
+    """The Timeline of a Chrome trace file, gzip-compressed or plain."""
+    doc = read_trace_doc(path)
     events = doc["traceEvents"]
     agents = {ev["tid"]: ev["args"]["name"] for ev in events
               if ev.get("ph") == "M" and ev["name"] == "thread_name"}

@@ -4,7 +4,7 @@ on one host state and writes each case's measured files.
 In-process for one GPU (measure.py calls run_group), or in each of R rank processes started by
 torchrun: `python -m slidedp.validate.worker --cases GROUP.toml --out ROOT --device cuda
 --iters N --discard N --machine NAME --command "..."`. Every rank measures; rank 0 writes
-ROOT/<case>/case.toml, measured.json and measured_trace.json (runner.py merges the ranks).
+ROOT/<case>/case.toml, measured.json and measured_trace.json.gz (runner.py merges the ranks).
 """
 
 from __future__ import annotations
