@@ -7,10 +7,18 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slidedp.commands.choose import choose_plan
 from slidedp.policy import probe as probe_mod
-from slidedp.policy.probe import REDUCED_LAYERS, ExecutorProbe, reduced_model, runs_policy
+from slidedp.policy.probe import (
+    REDUCED_LAYERS,
+    ExecutorProbe,
+    bounded,
+    reduced_model,
+    runs_policy,
+)
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
@@ -89,13 +97,42 @@ def test_marginal_cost_runs_the_reduced_pipeline_only_for_policies_the_executor_
         monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: False)
         assert pr.marginal_s(ROUTE, "sac") is None
         assert pr.reduced.hs is None and pr.full.hs is None  # nothing built for a refusal
-        # `layer` against itself: the machinery end to end (the difference is timing noise)
+        # `layer` against itself: the machinery end to end; whatever the timing noise of the
+        # two reduced steps, one layer's compute does not change, so neither does the cost
         monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: True)
         d = pr.marginal_s(ROUTE, "layer")
-        assert isinstance(d, float) and pr.reduced.hs is not None and pr.full.hs is None
-        assert pr.reduced.wl.model.n_layers == REDUCED_LAYERS
-        t0 = next(iter(pr._t0.values()))
-        assert abs(d) < t0  # per switched layer, less than the whole reduced step
+        assert d == 0.0 and pr.reduced.hs is not None and pr.full.hs is None
+        assert pr.reduced.wl.model.n_layers == REDUCED_LAYERS and len(pr._t0) == 1
+
+
+@given(st.floats(-1.0, 1.0), st.floats(-1.0, 1.0))
+def test_bounded_keeps_the_pipeline_between_zero_and_the_layer(pipeline_s, layer_s):
+    b = bounded(pipeline_s, layer_s)
+    assert min(0.0, layer_s) <= b <= max(0.0, layer_s)
+    if min(0.0, layer_s) <= pipeline_s <= max(0.0, layer_s):
+        assert b == pipeline_s
+
+
+def test_marginal_cost_is_bounded_by_the_layer_profile(tmp_path, monkeypatch):
+    """A reduced step 0.2 s faster with every one of its 4 layers on `none` says 50 ms a layer;
+    one layer's compute saves 10 ms a micro-batch, 20 ms a step of 2 micro-batches: 20 ms."""
+    wl = Workload(_deep_tiny(tmp_path), 32, 4, 2, 1)  # global 4 / micro 2: 2 micro-batches
+    monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: True)
+    compute_s = {"layer": 0.050, "none": 0.040, "sac": 0.049}
+    seen = []
+
+    def fake_profile(config, policy, micro_batch, seq_len, **kw):
+        seen.append((policy, micro_batch, seq_len))
+        return type("P", (), {"compute_s": compute_s[policy]})()
+
+    monkeypatch.setattr(probe_mod, "profile_layer_policy", fake_profile)
+    with ExecutorProbe(wl, "cpu") as pr:
+        steps = iter([1.0, 0.8, 0.996])  # T_0, T_none, T_sac
+        monkeypatch.setattr(pr, "_measured", lambda pipe, plan: next(steps))
+        assert pr.marginal_s(ROUTE, "none") == pytest.approx(-0.020)
+        assert pr.marginal_s(ROUTE, "sac") == pytest.approx(-0.001)  # within the bound: kept
+        assert pr.layer_delta_s("none") == pytest.approx(-0.020)
+    assert ("layer", 2, 32) in seen and seen.count(("layer", 2, 32)) == 1  # profiled once
 
 
 def test_runs_policy_matches_the_executor():

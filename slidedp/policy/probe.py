@@ -13,13 +13,25 @@ ExecutorProbe(model, workload, device), a context manager, random weights:
                          built on the first call and reused by every candidate. None where the
                          executor refuses the plan (a SpecError: a policy it does not run yet) or
                          the device runs out of memory; the reason is kept in `refusals`.
+  layer_delta_s(name)    seconds per step one layer on policy `name` adds over `layer` on the
+                         GPU alone (method.md section 7, stage 3, ProfileCkpt): the compute time
+                         (forward, recompute, backward) of one decoder layer measured by
+                         exec/policy_profile.profile_layer_policy (median of LAYER_REPEATS),
+                         the difference to `layer` times the micro-batches of a step.
   marginal_s(ref, name)  tau_j - tau_0 measured in a reduced real pipeline (method.md section 7,
                          step 4): the model cut to REDUCED_LAYERS decoder layers of the same
-                         shape (its own host state, built once), the last k = REDUCED_LAYERS // 2
-                         on policy `name`, the others on `layer`, window min(ref's, layers):
-                         (T_j(k) - T_0) / k with T_0 the all-`layer` reduced step. None where
-                         the executor does not run `name` (runs_policy), checked before anything
-                         large is built.
+                         shape (its own host state, built once), every one on policy `name`,
+                         window min(ref's, layers): (T_j - T_0) / REDUCED_LAYERS with T_0 the
+                         all-`layer` reduced step, then bounded by layer_delta_s(name): a
+                         layer's policy changes the GPU's work by that much, which the pipeline
+                         can hide (host-bound: down to 0) but not enlarge. The bound matters:
+                         the reduced step keeps the whole embedding and head, whose host work
+                         makes it host-bound for large vocabularies, and its step-to-step noise
+                         (tens of ms) exceeds a policy's effect on 4 layers (on 2026-12-01 it
+                         measured seg:0b0000000, which recomputes as much as `layer`, 12.7 and
+                         30.7 ms per layer faster: Qwen3-8B mb 4 on nvidia-h200-x2, Qwen3-4B
+                         seq 16384 on nvidia-h200). None where the executor does not run
+                         `name` (runs_policy), checked before anything large is built.
 runs_policy(name, device)  whether the executor accepts an activation policy: builds an Engine
                          of tiny-qwen3 on the device with every layer on it (milliseconds).
 One rank only: probing R > 1 ranks needs rank processes (validate/runner.py's torchrun path),
@@ -37,6 +49,7 @@ import torch
 
 from slidedp.exec.engine import Engine
 from slidedp.exec.host_state import HostState
+from slidedp.exec.policy_profile import profile_layer_policy
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import ModelSpec, first_layers_config, load_model, parse_hf_config
 from slidedp.spec.plan import ParamRoute, Plan
@@ -46,6 +59,7 @@ from slidedp.validate.runner import OPTIMIZER, measure, random_host_state
 STEPS = 4
 DISCARD = 1  # the first step allocates and warms up
 REDUCED_LAYERS = 4
+LAYER_REPEATS = 3
 POLICY_FIELDS = ("activation_policy", "layer_policies")  # Engine's refusal of a policy
 
 
@@ -116,6 +130,7 @@ class ExecutorProbe:
         self.reduced = self.full if L <= REDUCED_LAYERS else _Pipeline(
             dataclasses.replace(wl, model=reduced_model(wl.model, REDUCED_LAYERS)), device)
         self._t0: dict[Plan, float] = {}
+        self._layer_s: dict[str, float] = {}  # policy -> one layer's compute seconds
 
     def __enter__(self) -> ExecutorProbe:
         return self
@@ -155,12 +170,23 @@ class ExecutorProbe:
     def __call__(self, plan: Plan) -> float | None:
         return self._measured(self.full, plan)
 
+    def layer_delta_s(self, name: str) -> float:
+        """Seconds per step one layer on `name` adds over `layer` on the GPU alone (module
+        docstring)."""
+        wl = self.full.wl
+        for p in ("layer", name):
+            if p not in self._layer_s:
+                self._layer_s[p] = profile_layer_policy(
+                    self.full.config, p, wl.micro_batch, wl.seq_len, device=self.device,
+                    dtype=_dtype(self.device), repeats=LAYER_REPEATS).compute_s
+        micro_batches = wl.tokens_per_gpu_step // wl.tokens_per_micro_batch
+        return (self._layer_s[name] - self._layer_s["layer"]) * micro_batches
+
     def marginal_s(self, reference: Plan, name: str) -> float | None:
         """Measured seconds per step one layer on `name` adds over `layer` (module docstring)."""
         if not runs_policy(name, self.device):
             return None
         L = self.reduced.wl.model.n_layers
-        k = max(1, L // 2)
         ref = dataclasses.replace(reference, window_slots=max(2, min(reference.window_slots, L)),
                                   layer_policies=("layer",) * L)
         if ref not in self._t0:
@@ -168,6 +194,13 @@ class ExecutorProbe:
             if t0 is None:
                 return None
             self._t0[ref] = t0
-        tj = self._measured(self.reduced, dataclasses.replace(
-            ref, layer_policies=("layer",) * (L - k) + (name,) * k))
-        return None if tj is None else (tj - self._t0[ref]) / k
+        tj = self._measured(self.reduced, dataclasses.replace(ref, layer_policies=(name,) * L))
+        if tj is None:
+            return None
+        return bounded((tj - self._t0[ref]) / L, self.layer_delta_s(name))
+
+
+def bounded(pipeline_s: float, layer_s: float) -> float:
+    """A reduced pipeline's per-layer difference kept between 0 and the layer's own compute
+    difference (module docstring, marginal_s)."""
+    return min(max(pipeline_s, min(0.0, layer_s)), max(0.0, layer_s))
