@@ -14,7 +14,7 @@ from slidedp.model.memory import check_fits
 from slidedp.policy.activations import place, profile_policies, shortlist
 from slidedp.policy.auto import auto_plan, capped
 from slidedp.policy.milp import PolicyData, brute_force, memory_bytes, solve, step_cost_s
-from slidedp.policy.routes import window_candidates
+from slidedp.policy.routes import TIE_REL, best_first, window_candidates
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
@@ -293,3 +293,25 @@ def test_plan_cli_refuses_a_bad_time_limit(capsys):
                  "--time-limit-s", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--time-limit-s" in err and "positive" in err
+
+
+def test_a_simulated_tie_goes_to_the_larger_chunks():
+    """Within TIE_REL of the best, larger chunks first (the executor's per-task cost, which the
+    model leaves out); a real difference still wins."""
+    plans = {c: Plan(h2d_chunk_mib=c, d2h_chunk_mib=c) for c in (16.0, 64.0, 256.0)}
+    steps = [(plans[16.0], 2.217), (plans[256.0], 2.220), (plans[64.0], 2.219)]
+    order = best_first(steps, lambda x: x[1], lambda x: x[0])
+    assert [p.h2d_chunk_mib for p, _ in order] == [256.0, 64.0, 16.0]
+    steps = [(plans[16.0], 2.0), (plans[256.0], 2.0 * (1 + 2 * TIE_REL))]
+    assert best_first(steps, lambda x: x[1], lambda x: x[0])[0][0].h2d_chunk_mib == 16.0
+
+
+@given(st.lists(st.tuples(st.sampled_from([16.0, 64.0, 256.0]), st.floats(1.0, 1.02),
+                          st.integers(2, 40)), min_size=1, max_size=12))
+def test_best_first_is_a_permutation_led_by_a_near_best(items):
+    plan = lambda x: Plan(h2d_chunk_mib=x[0], d2h_chunk_mib=x[0], window_slots=x[2])  # noqa: E731
+    order = best_first(items, lambda x: x[1], plan)
+    assert sorted(order) == sorted(items)
+    best = min(x[1] for x in items)
+    assert order[0][1] <= best * (1 + TIE_REL)
+    assert order[0][0] == max(x[0] for x in items if x[1] <= best * (1 + TIE_REL))

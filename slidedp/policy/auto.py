@@ -15,7 +15,8 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
        until it fits, or InfeasiblePlan (it cannot fit the cap at all).
-  Choice: the finalist with the smallest route step minus activation saving; with `probe`
+  Choice: the finalist with the smallest route step minus activation saving (within
+  routes.TIE_REL of it, the largest chunks: routes.best_first); with `probe`
   (Plan -> measured s/step on this device, policy/probe.py) the finalists' routes are measured,
   best simulated first, as long as the selection's time limit allows (the unmeasured ones leave
   the choice), the measured step replaces the simulated one, and the chosen plan is measured too when its
@@ -42,7 +43,14 @@ from slidedp.policy.activations import (
 )
 from slidedp.policy.milp import PolicyData, solve
 from slidedp.policy.report import GIB, ActivationChoice, Finalist, PolicyReport
-from slidedp.policy.routes import Probe, Scored, candidates, rank, window_candidates
+from slidedp.policy.routes import (
+    Probe,
+    Scored,
+    best_first,
+    candidates,
+    rank,
+    window_candidates,
+)
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import HardwareSpec
@@ -182,7 +190,7 @@ def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
     first call builds: the probe's `setup_s`, where it has one) does not count as its cost.
     Finalists left unprobed leave the choice, and the report says so."""
     out, longest = [], 0.0
-    for f in sorted(finalists, key=lambda f: f.simulated_score_s):
+    for f in best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan):
         measured_any = any(x.route.measured_s is not None for x in out)
         if deadline is not None and measured_any and time.perf_counter() + 2 * longest > deadline:
             notes.append(f"finalist {f.label()} not probed: the selection's time limit")
@@ -244,13 +252,14 @@ def auto_plan(
     if calibrate is not None:
         lap("policy costs measured")
     finalists = [Finalist(s, _activations(hw, wl, s.plan, profiles, measured)) for s in routes]
-    simulated_best = min(finalists, key=lambda f: f.simulated_score_s).route.plan
+    simulated_best = best_first(finalists, lambda f: f.simulated_score_s,
+                                       lambda f: f.route.plan)[0].route.plan
     lap("activation MILPs")
     if probe is not None:
         finalists, probed = _confirm(probe, finalists, rep.notes, deadline)
         lap(f"probes of {probed} of {len(routes)} finalists")
     rep.simulator_pick = next((f for f in finalists if f.route.plan == simulated_best), None)
-    rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
+    rep.finalists = best_first(finalists, lambda f: f.score_s, lambda f: f.route.plan)
     chosen = rep.chosen
     mixed = chosen.activations.counts != {"layer": wl.model.n_layers}
     if probe is not None and mixed and deadline is not None and time.perf_counter() > deadline:

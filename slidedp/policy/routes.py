@@ -9,7 +9,8 @@ candidates()  param route x grad route x chunk size (H2D = D2H) x update shardin
 rank()        drop candidates that do not fit GPU or host memory (model/memory.py), pre-filter
               with the analytic model (slidedp.model.predict, ~0.03 s each), simulate the best
               `simulate_top` (~0.2 s each for Qwen3-8B) and order them by simulated step time
-              (ties: fewer window slots, which leaves more memory to the activations).
+              (best_first: within TIE_REL of the best, larger chunks first, then fewer
+              window slots, which leaves more memory to the activations).
 Real probes (Probe: Plan -> measured seconds per step, None where the executor does not run the
 plan) confirm the finalists in auto.py, not here: every candidate is ranked by the simulator.
 """
@@ -31,6 +32,29 @@ from slidedp.spec.workload import Workload
 CHUNK_MIB = (16.0, 64.0, 256.0)
 MIN_WINDOW = 2  # Plan's smallest window
 Probe = Callable[[Plan], float | None]
+# simulated steps this close to the best are a tie, broken towards larger chunks: each chunk is
+# a cast, a copy and an update dispatched from Python, a host cost per task the model leaves out,
+# and the executor measured larger chunks faster wherever the simulator saw no difference
+# (2026-11-30 / 12-01, benchmarks/RESULTS.md: Qwen3-4B mb 4 `sac` 256 MiB 6% faster than 64 MiB;
+# Qwen3-8B mb 4 window 3 `layer` 2.789 s at 256 MiB, 2.906 at 64; Qwen3-4B seq 16384 `layer`
+# 2.196 s at 256 MiB, 2.302 at 16 MiB, where the simulator put them 0.2% apart)
+TIE_REL = 0.005
+
+
+def best_first(items: list, step_s: Callable[[object], float],
+                      plan: Callable[[object], Plan]) -> list:
+    """`items` best first: those within TIE_REL of the smallest step_s (simulated, or measured
+    where probed) by larger chunks, then by step_s and fewer window slots; the others after them
+    by step_s and window slots."""
+    if not items:
+        return []
+    best = min(step_s(i) for i in items)
+
+    def key(i):
+        tied = step_s(i) <= best * (1 + TIE_REL)
+        return (not tied, -plan(i).h2d_chunk_mib if tied else 0.0, step_s(i),
+                plan(i).window_slots)
+    return sorted(items, key=key)
 
 
 @dataclass(frozen=True)
@@ -95,5 +119,4 @@ def rank(hw: HardwareSpec, wl: Workload, plans: list[Plan], simulate_top: int = 
         replace(s, simulated_s=simulate(hw, wl, s.plan, check_memory=False).step_time_s)
         for s in scored[:simulate_top]
     ]
-    top.sort(key=lambda s: (s.simulated_s, s.plan.window_slots))
-    return top + scored[simulate_top:]
+    return best_first(top, lambda s: s.simulated_s, lambda s: s.plan) + scored[simulate_top:]
