@@ -173,16 +173,42 @@ def test_time_limit_stops_the_probes_and_says_so():
 
 def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
     hw, wl = _tiny()
+    calls = []
+
+    def calibrate(ref, name):
+        calls.append(name)
+        return -1.0 if name == "none" else None
+
     plan, rep = auto_plan(
         hw, wl, 40 * GIB, probe=lambda p: None if p.window_slots == 3 else 1.0,
-        probe_device="fake", calibrate=lambda ref, name: -1.0 if name == "none" else None)
+        probe_device="fake", calibrate=calibrate)
     assert all(f.route.plan.window_slots != 3 for f in rep.finalists)
     assert any("refused" in n for n in rep.notes)
     taus = rep.chosen.activations.taus_s
     assert taus["none"] == pytest.approx(taus["layer"] - 1.0)  # tau_0 + measured delta
     assert rep.measured_taus == {"none"}
     assert rep.chosen.activations.counts == {"none": wl.model.n_layers}  # measured: far cheaper
-    assert any("simulated, not measured" in n for n in rep.notes)
+    assert calls == ["none"]  # only what a finalist's MILP chose is measured
+
+
+def test_calibration_rounds_measure_what_the_milps_choose_then_solve_again():
+    """Every policy measured far costlier than `layer`: round 1 measures what the simulated
+    costs chose, round 2 what the MILPs chose instead; none is measured twice, and no measured
+    policy survives in the choice."""
+    hw, wl = _tiny()
+    calls = []
+
+    def calibrate(ref, name):
+        calls.append(name)
+        return 1.0
+
+    plan, rep = auto_plan(hw, wl, 40 * GIB, calibrate=calibrate)
+    _, free = auto_plan(hw, wl, 40 * GIB)  # no calibration: round 1's choice
+    first = set(free.chosen.activations.counts) - {"layer"}
+    assert first and first <= set(calls) and len(calls) == len(set(calls))
+    assert set(calls) == rep.measured_taus
+    assert not set(rep.chosen.activations.counts) & rep.measured_taus
+    assert rep.stages_s["policy costs measured"] >= 0 and rep.stages_s["activation MILPs"] > 0
 
 
 def test_runs_policy_limits_the_activation_policies():

@@ -7,10 +7,13 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        simulated ranking.
        Finalists: the best route for each window size and for each chunk size.
   3-4  activations.shortlist + marginal_costs: model-costed policies (only those `runs_policy`
-       accepts, e.g. the ones the executor runs, when given), tau_j by simulation, or measured
-       in a reduced real pipeline by `calibrate` (policy/probe.py) where the executor runs j.
+       accepts, e.g. the ones the executor runs, when given), tau_j by simulation.
   5-6  per finalist, milp.solve on the memory its route and window leave, activations.place:
        a bigger window trades activation memory for fewer uploads, decided on whole plans.
+       With `calibrate` (policy/probe.py: a reduced real pipeline, bounded by one layer's
+       profile), the policies the finalists' MILPs chose get measured tau_j and the MILPs are
+       solved again, for at most CALIBRATION_ROUNDS rounds (a round measures only policies
+       newly chosen): real runs go to the policies that can matter, not the whole shortlist.
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
@@ -60,6 +63,7 @@ from slidedp.spec.workload import Workload
 __all__ = ["GIB", "PolicyReport", "auto_plan", "capped"]
 
 MAX_RESOLVES = 3
+CALIBRATION_ROUNDS = 2  # measure the policies the MILPs chose, solve again (method.md 7, step 6)
 BUDGET_TIGHTEN = 0.02  # fraction of the activation budget removed per re-solve
 OFFLOAD_STEPS = (0.25, 0.5, 0.75, 1.0)
 ACTIVATION_TERMS = ("checkpoints", "reload", "transient")  # the MILP's share of gpu_footprint
@@ -164,19 +168,14 @@ def _activations(hw: HardwareSpec, wl: Workload, route: Plan, profiles: list[Pol
         final_s, exposure, notes)
 
 
-def _calibrated(calibrate: Calibrate | None, reference: Plan, names: list[str],
+def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
                 notes: list[str]) -> dict[str, float]:
-    """Measured marginal seconds per layer over `layer`, for the policies the executor runs."""
-    if calibrate is None:
-        return {}
-    out = {}
-    for name in names:
-        if name != "layer" and (d := calibrate(reference, name)) is not None:
-            out[name] = d
-    skipped = [n for n in names if n != "layer" and n not in out]
+    """Measured marginal seconds per layer over `layer` for `names`, where the probe gives one."""
+    out = {n: d for n in names if (d := calibrate(reference, n)) is not None}
+    skipped = [n for n in names if n not in out]
     if skipped:
-        notes.append(f"tau_j simulated, not measured, for {', '.join(skipped)}: the executor "
-                     "does not run these policies yet")
+        notes.append(f"tau_j simulated, not measured, for {', '.join(skipped)}: the probe did not "
+                     "measure them (a policy the executor does not run, or a refused run)")
     return out
 
 
@@ -247,14 +246,23 @@ def auto_plan(
     if runs_policy is not None and len(allowed) < len(profile_policies(hw, wl)):
         rep.notes.append(f"activation policies limited to those the executor runs: "
                          f"{', '.join(p.name for p in profiles)} (of the shortlist)")
-    measured = _calibrated(calibrate, routes[0].plan, [p.name for p in profiles], rep.notes)
-    rep.measured_taus = set(measured)
-    if calibrate is not None:
-        lap("policy costs measured")
+    measured: dict[str, float] = {}
     finalists = [Finalist(s, _activations(hw, wl, s.plan, profiles, measured)) for s in routes]
-    simulated_best = best_first(finalists, lambda f: f.simulated_score_s,
-                                       lambda f: f.route.plan)[0].route.plan
     lap("activation MILPs")
+    tried: set[str] = set()
+    for _ in range(CALIBRATION_ROUNDS if calibrate is not None else 0):
+        picked = sorted({n for f in finalists for n in f.activations.counts} - {"layer"} - tried)
+        if not picked:
+            break
+        tried.update(picked)
+        measured |= _calibrated(calibrate, routes[0].plan, picked, rep.notes)
+        lap("policy costs measured")
+        finalists = [Finalist(s, _activations(hw, wl, s.plan, profiles, measured))
+                     for s in routes]
+        lap("activation MILPs")
+    rep.measured_taus = set(measured)
+    simulated_best = best_first(finalists, lambda f: f.simulated_score_s,
+                                lambda f: f.route.plan)[0].route.plan
     if probe is not None:
         finalists, probed = _confirm(probe, finalists, rep.notes, deadline)
         lap(f"probes of {probed} of {len(routes)} finalists")

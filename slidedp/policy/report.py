@@ -91,12 +91,13 @@ class PolicyReport:
     stages_s: dict[str, float] = field(default_factory=dict)  # selection time by stage, in order
 
     def stage_timer(self, start: float):
-        """lap(name): the seconds since the previous lap (or `start`) go to stages_s[name]."""
+        """lap(name): the seconds since the previous lap (or `start`) are added to
+        stages_s[name] (a stage run in several rounds sums them)."""
         last = [start]
 
         def lap(name: str) -> None:
             now = time.perf_counter()
-            self.stages_s[name] = now - last[0]
+            self.stages_s[name] = self.stages_s.get(name, 0.0) + now - last[0]
             last[0] = now
         return lap
 
