@@ -1,5 +1,6 @@
 """Exact simulated timelines of hand-computable cases, exposure attribution, the CLI."""
 
+import gzip
 import json
 
 import numpy as np
@@ -94,6 +95,9 @@ def test_cli_simulate_json_trace_plot(tmp_path, capsys):
     assert "host.dram" in d["utilization"] and d["step_time_s"] >= d["lower_bound_s"]
     assert d["analytic"]["step_time_s"] == pytest.approx(p["step_time_s"])
     assert json.loads(trace.read_text())["traceEvents"] and plot.stat().st_size > 10_000
+    gz = tmp_path / "t.json.gz"  # a .gz name: the same trace, gzip-compressed
+    assert main(["simulate", "--model", "qwen3-0.6b", "--trace", str(gz)]) == 0
+    assert json.loads(gzip.decompress(gz.read_bytes())) == json.loads(trace.read_text())
 
 
 def test_cli_no_contention_equals_critical_path(capsys):

@@ -4,11 +4,14 @@ A record is (iteration, kind, unit, rank, chunk, agent, start_s, end_s); the sim
 from simulated clocks, the executor from CUDA events and host clocks. Chrome trace JSON (opens in
 Perfetto / chrome://tracing): one process per rank plus one for the host and one for the fabric,
 one thread per agent; exposed intervals (a GPU's compute stream idle, with the channel it waits on)
-can be added as their own lane.
+can be added as their own lane. Times are written in microseconds rounded to the nanosecond
+(smaller files; nothing a measured clock resolves is lost), gzip-compressed when the file name
+ends with .gz (Perfetto and chrome://tracing open it as it is).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -119,13 +122,15 @@ class Timeline:
             tid = tids.setdefault(r.agent, len(tids))
             name = f"{r.kind} u{r.unit}" + (f" c{r.chunk}" if r.chunk >= 0 else "")
             events.append({"name": name, "cat": r.channel, "ph": "X", "pid": pid, "tid": tid,
-                           "ts": r.start_s * 1e6, "dur": max(r.end_s - r.start_s, 0.0) * 1e6,
+                           "ts": round(r.start_s * 1e6, 3),
+                           "dur": round(max(r.end_s - r.start_s, 0.0) * 1e6, 3),
                            "args": {"iteration": r.iteration, "rank": r.rank}})
         for e in self.exposures:
             tid = tids.setdefault(f"gpu{e.rank}.exposed", len(tids))
             events.append({"name": f"exposed: {e.channel}", "cat": "EXPOSED", "ph": "X",
-                           "pid": e.rank, "tid": tid, "ts": e.start_s * 1e6,
-                           "dur": (e.end_s - e.start_s) * 1e6, "args": {"waiting_on": e.waiting_on}})
+                           "pid": e.rank, "tid": tid, "ts": round(e.start_s * 1e6, 3),
+                           "dur": round((e.end_s - e.start_s) * 1e6, 3),
+                           "args": {"waiting_on": e.waiting_on}})
         meta = []
         for agent, tid in tids.items():
             pid = pid_of(agent.replace(".exposed", ".x"), -1) if agent.startswith("gpu") else pid_of(agent, -1)
@@ -138,4 +143,12 @@ class Timeline:
                 "otherData": {"source": self.source}}
 
     def save_chrome_trace(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.chrome_trace()))
+        write_trace_json(self.chrome_trace(), path)
+
+
+def write_trace_json(doc: dict, path: str | Path) -> None:
+    """A Chrome trace document as JSON, gzip-compressed when `path` ends with .gz (no time stamp
+    in the gzip header: the same trace gives the same bytes)."""
+    path = Path(path)
+    data = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)

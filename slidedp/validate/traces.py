@@ -17,7 +17,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from slidedp.graph.timeline import Exposure, Record, Timeline
+from slidedp.graph.timeline import Exposure, Record, Timeline, write_trace_json
 
 US = 1e-6
 GZIP_MAGIC = b"\x1f\x8b"
@@ -43,25 +43,17 @@ def read_trace_doc(path: Path) -> dict:
 
 
 def write_trace_doc(doc: dict, path: Path) -> None:
-    """A Chrome trace's JSON document, gzip-compressed when path ends with .gz (with no time stamp
-    in the header: the same trace gives the same bytes). The plain NAME.json of a NAME.json.gz
-    is removed: it held an older copy of the same trace."""
-    path = Path(path)
-    data = json.dumps(doc).encode()
-    path.write_bytes(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
-    for other in trace_names(path)[1:]:
+    """A Chrome trace's JSON document (graph.timeline.write_trace_json: gzip-compressed when path
+    ends with .gz). The plain NAME.json of a NAME.json.gz is removed: it held an older copy of
+    the same trace."""
+    write_trace_json(doc, path)
+    for other in trace_names(Path(path))[1:]:
         other.unlink(missing_ok=True)
 
 
 def save_trace(tl: Timeline, path: Path) -> None:
-    """A Timeline as a Chrome trace (write_trace_doc), times rounded to the nanosecond (smaller
-    files, nothing lost that a measured clock resolves)."""
-    doc = tl.chrome_trace()
-    for ev in doc["traceEvents"]:
-        for k in ("ts", "dur"):
-            if k in ev:
-                ev[k] = round(ev[k], 3)
-    write_trace_doc(doc, path)
+    """A Timeline as a stored Chrome trace (write_trace_doc)."""
+    write_trace_doc(tl.chrome_trace(), path)
 
 
 def load_trace(path: Path) -> Timeline:
