@@ -12,7 +12,8 @@ MB=${3:-4}
 SEQ=${4:-4096}
 HW=${HW:-benchmarks/results/2026-11-30-h200-profile.toml}
 DEVICE=${DEVICE:-cuda}  # cpu: a dry run of the plumbing (e.g. MODEL tiny-qwen3, SEQ 32)
-CAP=${CAP:-}  # GiB: AutoPolicy's --gpu-memory-cap-gib (default: the whole GPU)
+CAP=${CAP:-}  # GiB: AutoPolicy's --gpu-memory-cap-gib (default: the whole GPU); the sweep's grid
+              # is not capped: compare the choice with the swept plans whose GPU peak fits the cap
 export PYTHONPATH=${PYTHONPATH:-}:$PWD
 mkdir -p "$OUT" && rm -f "$OUT/sweep.jsonl"
 L=$(python3 -c "from slidedp.spec.model import load_model as m; print(m('$MODEL').n_layers)")

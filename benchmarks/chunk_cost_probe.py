@@ -42,16 +42,26 @@ CONDITIONS = ("b2b", "gap", "gil", "gil-0.5ms", "adam", "all")
 
 
 class Load:
-    """A background load in a thread of its own, running until stop()."""
+    """A background load in a thread of its own, running until stop(); stop() raises the
+    load's error, if it failed (its condition was then measured without it)."""
 
     def __init__(self, body):
         self.halt = threading.Event()
-        self.thread = threading.Thread(target=body, args=(self.halt,), daemon=True)
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                body(self.halt)
+            except BaseException as e:  # noqa: BLE001 - re-raised by stop()
+                self.error = e
+        self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
         self.halt.set()
         self.thread.join()
+        if self.error is not None:
+            raise RuntimeError("a background load failed") from self.error
 
 
 def gil_load(device: str):

@@ -16,6 +16,7 @@ from slidedp.graph.costs import resource_use, task_core_share, task_durations
 from slidedp.graph.tasks import Kind
 from slidedp.model.predict import predict
 from slidedp.sim.resources import task_flows_spec
+from slidedp.sim.simulator import simulate
 from slidedp.spec.hardware import load_hardware, preset_dir
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, Plan, default_plan
@@ -97,6 +98,22 @@ def test_simulated_core_sharing_follows_the_chunk_curve(hw_chunks):
         assert curve(3) == hw_chunks.host.cast_rate(3, g.work[v])
     adam = np.flatnonzero(g.kind == int(Kind.ADAM))[0]
     assert specs[adam][2](3) == hw_chunks.host.adam_rate(3)
+
+
+def test_the_cast_weight_reaches_the_simulated_casts_only(hw_chunks):
+    """With the profile's split, every CAST flow carries HostSpec.cast_weight, every other 1;
+    the step changes with it (the cast yields the host-memory cap to Adam)."""
+    host = replace(hw_chunks.host, dram_teams=(24, 24, 140e9), dram_teams_cast_bps=30e9)
+    hw = replace(hw_chunks, host=host)
+    wl, g = _graph()
+    d = task_durations(g, hw, wl)
+    specs = task_flows_spec(g, d, resource_use(g, hw, d), hw, 0.0)
+    casts = set(_casts(g).tolist())
+    assert 0 < host.cast_weight() < 1
+    assert all(specs[v][3] == (host.cast_weight() if v in casts else 1.0) for v in range(len(g.kind)))
+    plan = default_plan("nvswitch")
+    equal = replace(hw, host=replace(host, dram_teams_cast_bps=None))
+    assert simulate(hw, wl, plan).step_time_s != simulate(equal, wl, plan).step_time_s
 
 
 def test_predict_runs_with_the_chunk_table(hw_chunks):

@@ -103,6 +103,7 @@ def test_marginal_cost_runs_the_reduced_pipeline_only_for_policies_the_executor_
         d = pr.marginal_s(ROUTE, "layer")
         assert d == 0.0 and pr.reduced.hs is not None and pr.full.hs is None
         assert pr.reduced.wl.model.n_layers == REDUCED_LAYERS and len(pr._t0) == 1
+        assert 0 < next(iter(pr._t0.values())) < 60  # the reduced step itself was measured
 
 
 @given(st.floats(-1.0, 1.0), st.floats(-1.0, 1.0))
@@ -133,6 +134,26 @@ def test_marginal_cost_is_bounded_by_the_layer_profile(tmp_path, monkeypatch):
         assert pr.marginal_s(ROUTE, "sac") == pytest.approx(-0.001)  # within the bound: kept
         assert pr.layer_delta_s("none") == pytest.approx(-0.020)
     assert ("layer", 2, 32) in seen and seen.count(("layer", 2, 32)) == 1  # profiled once
+    with ExecutorProbe(wl, "cpu") as pr:  # with offload, policies differ in traffic: unbounded
+        steps = iter([1.0, 0.8])
+        monkeypatch.setattr(pr, "_measured", lambda pipe, plan: next(steps))
+        assert pr.marginal_s(Plan(param_route=ParamRoute.REPLICATED, offload_ratio=0.5),
+                             "none") == pytest.approx(-0.05)
+
+
+def test_a_failing_layer_profile_leaves_the_cost_simulated(tmp_path, monkeypatch):
+    wl = Workload(_deep_tiny(tmp_path), 32, 4, 2, 1)
+    monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: True)
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(probe_mod, "profile_layer_policy", oom)
+    with ExecutorProbe(wl, "cpu") as pr:
+        steps = iter([1.0, 0.8])
+        monkeypatch.setattr(pr, "_measured", lambda pipe, plan: next(steps))
+        assert pr.marginal_s(ROUTE, "none") is None
+        assert pr.refusals and "one layer on layer: CUDA out of memory" in pr.refusals[0]
 
 
 def test_runs_policy_matches_the_executor():

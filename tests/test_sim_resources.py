@@ -81,6 +81,10 @@ def test_cast_weight_reproduces_the_measured_split():
     assert cast.speed * cast_alone == pytest.approx(cast_part)
     assert adam.speed * adam_alone == pytest.approx(total - cast_part)
     assert dataclasses.replace(host, dram_teams_cast_bps=None).cast_weight() == 1.0
+    with pytest.raises(ValueError, match="outside"):
+        dataclasses.replace(host, dram_teams_cast_bps=total).cast_weight()
+    with pytest.raises(ValueError, match="weight must be > 0"):
+        Flow(0, 1.0, [(0, 1.0)], weight=0.0)
 
 
 def test_core_pool_water_filling_and_rate_curve():

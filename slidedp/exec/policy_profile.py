@@ -25,8 +25,8 @@ keeps 2 q bytes per token less (SDPA's output is already in o_proj's order: o.tr
 .contiguous() copies nothing), and kept segments 3 and 4 together 2 h less (policy_runner keeps
 boundary 3, h1, only where a recompute starts from it, i.e. segment 4 is recomputed; otherwise no
 backward reads the BF16 h1: the eager post-norm saves its FP32 copy, the residual adds nothing).
-Nothing here is wired into slidedp.policy: a caller (AutoPolicy's profiling stage) can compare
-these figures with slidedp.spec.segments.policy_cost.
+AutoPolicy's real probes (slidedp/policy/probe.py, layer_delta_s) bound a policy's measured
+marginal cost by its compute_s here; benchmarks/policy_layers.py tabulates every policy.
 """
 
 from __future__ import annotations

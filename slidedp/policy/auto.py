@@ -18,8 +18,8 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
        until it fits, or InfeasiblePlan (it cannot fit the cap at all).
-  Choice: the finalist with the smallest route step minus activation saving (within
-  routes.TIE_REL of it, the largest chunks: routes.best_first); with `probe`
+  Choice: the finalist with the smallest route step minus activation saving (simulated: within
+  routes.TIE_REL of it, the largest chunks, routes.best_first); with `probe`
   (Plan -> measured s/step on this device, policy/probe.py) the finalists' routes are measured,
   best simulated first, as long as the selection's time limit allows (the unmeasured ones leave
   the choice), the measured step replaces the simulated one, and the chosen plan is measured too when its
@@ -267,7 +267,10 @@ def auto_plan(
         finalists, probed = _confirm(probe, finalists, rep.notes, deadline)
         lap(f"probes of {probed} of {len(routes)} finalists")
     rep.simulator_pick = next((f for f in finalists if f.route.plan == simulated_best), None)
-    rep.finalists = best_first(finalists, lambda f: f.score_s, lambda f: f.route.plan)
+    if probe is None:  # simulated scores: a tie goes to the larger chunks (routes.best_first)
+        rep.finalists = best_first(finalists, lambda f: f.score_s, lambda f: f.route.plan)
+    else:  # measured: the fastest
+        rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
     chosen = rep.chosen
     mixed = chosen.activations.counts != {"layer": wl.model.n_layers}
     if probe is not None and mixed and deadline is not None and time.perf_counter() > deadline:

@@ -30,8 +30,11 @@ ExecutorProbe(model, workload, device), a context manager, random weights:
                          (tens of ms) exceeds a policy's effect on 4 layers (on 2026-12-01 it
                          measured seg:0b0000000, which recomputes as much as `layer`, 12.7 and
                          30.7 ms per layer faster: Qwen3-8B mb 4 on nvidia-h200-x2, Qwen3-4B
-                         seq 16384 on nvidia-h200). None where the executor does not run
-                         `name` (runs_policy), checked before anything large is built.
+                         seq 16384 on nvidia-h200). Not bounded with an offload ratio above 0:
+                         policies then also differ in offload traffic, which one layer's
+                         compute leaves out. None where the executor does not run `name`
+                         (runs_policy), checked before anything large is built, or where a
+                         run fails (refusals).
 runs_policy(name, device)  whether the executor accepts an activation policy: builds an Engine
                          of tiny-qwen3 on the device with every layer on it (milliseconds).
 One rank only: probing R > 1 ranks needs rank processes (validate/runner.py's torchrun path),
@@ -172,15 +175,21 @@ class ExecutorProbe:
     def __call__(self, plan: Plan) -> float | None:
         return self._measured(self.full, plan)
 
-    def layer_delta_s(self, name: str) -> float:
+    def layer_delta_s(self, name: str) -> float | None:
         """Seconds per step one layer on `name` adds over `layer` on the GPU alone (module
-        docstring)."""
+        docstring); None, with the reason in `refusals`, where the one-layer run fails (out of
+        memory, a policy the executor refuses)."""
         wl = self.full.wl
         for p in ("layer", name):
-            if p not in self._layer_s:
+            if p in self._layer_s:
+                continue
+            try:
                 self._layer_s[p] = profile_layer_policy(
                     self.full.config, p, wl.micro_batch, wl.seq_len, device=self.device,
                     dtype=_dtype(self.device), repeats=LAYER_REPEATS).compute_s
+            except (SpecError, torch.OutOfMemoryError) as e:
+                self.refusals.append(f"one layer on {p}: {str(e).splitlines()[0]}")
+                return None
         micro_batches = wl.tokens_per_gpu_step // wl.tokens_per_micro_batch
         return (self._layer_s[name] - self._layer_s["layer"]) * micro_batches
 
@@ -199,7 +208,10 @@ class ExecutorProbe:
         tj = self._measured(self.reduced, dataclasses.replace(ref, layer_policies=(name,) * L))
         if tj is None:
             return None
-        return bounded((tj - self._t0[ref]) / L, self.layer_delta_s(name))
+        if ref.offload_ratio > 0:  # policies also differ in offload traffic: no compute bound
+            return (tj - self._t0[ref]) / L
+        layer_s = self.layer_delta_s(name)
+        return None if layer_s is None else bounded((tj - self._t0[ref]) / L, layer_s)
 
 
 def bounded(pipeline_s: float, layer_s: float) -> float:

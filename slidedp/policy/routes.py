@@ -42,10 +42,10 @@ TIE_REL = 0.005
 
 
 def best_first(items: list, step_s: Callable[[object], float],
-                      plan: Callable[[object], Plan]) -> list:
-    """`items` best first: those within TIE_REL of the smallest step_s (simulated, or measured
-    where probed) by larger chunks, then by step_s and fewer window slots; the others after them
-    by step_s and window slots."""
+               plan: Callable[[object], Plan]) -> list:
+    """`items` best first by a simulated step_s: those within TIE_REL of the smallest by larger
+    chunks, then by step_s and fewer window slots; the others after them by step_s and window
+    slots. (Measured steps need no tie rule: they carry the per-task cost.)"""
     if not items:
         return []
     best = min(step_s(i) for i in items)

@@ -13,7 +13,7 @@ build -> run -> collect (desmod's shape):
              duration   contention off: exactly durations[v] (a simpy timeout), so start and
                         finish equal the f(v) recurrence of slidedp.model.critical_path;
                         contention on: the task becomes a Flow in FluidShare, which runs it at
-                        the max-min fair speed of resources.py and fires its event when its
+                        the weighted max-min fair speed of resources.py and fires its event when its
                         work is done.
            Events happen only at task boundaries (a task starts, a task ends, a flow's rate
            changes because another one started or ended).

@@ -74,6 +74,10 @@ class Flow:
     core_s: float = 0.0  # core-seconds held so far
     done: object = field(default=None, repr=False)  # the simpy event fired at completion
 
+    def __post_init__(self):
+        if not self.weight > 0:
+            raise ValueError(f"task {self.task}: a flow's weight must be > 0, got {self.weight}")
+
 
 def allocate_cores(flows: list[Flow], pool_cores: dict[int, float]) -> None:
     """Stage 1: split each core pool between its CPU flows, max-min fair on threads; set caps."""

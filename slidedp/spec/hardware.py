@@ -204,10 +204,16 @@ class HostSpec:
         bytes alone), each alone at its own team size. 1 (equal fractions of their own rates)
         where the profile did not record the split. On nvidia-h200-x2 (24 + 24 threads on 32
         cores) a 64 MiB cast took 2.15 ms alone and 7.5 ms beside the update
-        (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two."""
+        (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two.
+        Approximations: the cast's rate alone is the large-buffer one (a CAST task runs at its
+        chunk size's, a few percent apart), and the one weight stands for every team size and
+        against the DMA too, though measured against Adam at the profile's teams only."""
         if self.dram_teams is None or self.dram_teams_cast_bps is None:
             return 1.0
         cast_t, update_t, total = self.dram_teams
+        if not 0 < self.dram_teams_cast_bps < total:
+            raise ValueError(f"dram_teams_cast_bps {self.dram_teams_cast_bps:g} outside (0, "
+                             f"{total:g}), the teams' total")
         cast_alone = self.cast_rate(cast_t) * self.cast_dram_bytes_per_elem
         adam_alone = self.adam_rate(update_t) * self.adam_dram_bytes_per_param
         return ((self.dram_teams_cast_bps / cast_alone)
@@ -339,7 +345,8 @@ def _host(t: Table) -> HostSpec:
         teams_cast = t.num("dram_teams_cast_gbps") * GB
         if not 0 < teams_cast < teams[2]:
             raise SpecError(t.where, "host.dram_teams_cast_gbps",
-                            f"between 0 and dram_teams_gbps ({teams[2] / GB:g}), exclusive")
+                            f"between 0 and dram_teams_gbps ({teams[2] / GB:g}), exclusive, "
+                            f"got {teams_cast / GB:g}")
     if t.has("dram_dma_gbps"):
         (cast_t, update_t, gpus, gbps), = _triples([t.raw("dram_dma_gbps")], t.where,
                                                    "host.dram_dma_gbps",
