@@ -88,6 +88,11 @@ def test_plan_parses_and_canonicalizes_policies():
         parse_plan({"plan": {"layer_policies": ["layer", "segment"]}}, "f.toml")
     with pytest.raises(SpecError, match="layer_policies"):
         parse_plan({"plan": {"layer_policies": "layer"}}, "f.toml")
+    # one policy for every layer: layer or none; the others point at layer_policies
+    assert parse_plan({"plan": {"activation_policy": "none"}}, "f.toml").policy_of(1) == "none"
+    with pytest.raises(SpecError, match=r"f.toml: field 'plan.activation_policy'.*layer_policies"
+                                        r".*got 'sac'"):
+        parse_plan({"plan": {"activation_policy": "sac"}}, "f.toml")
     with pytest.raises(SpecError, match="policy"):
         load_model("tiny-qwen3").activation_bytes_per_token("seg:0b2")
 

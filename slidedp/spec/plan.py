@@ -179,6 +179,10 @@ def parse_plan(data: dict, where: str) -> Plan:
                 raise SpecError(where, "plan.layer_policies", "a list of policy names (segments.py)")
             kw[f.name] = tuple(parse_policy(n, where, f"plan.layer_policies[{i}]").name
                                for i, n in enumerate(names))
+        elif f.name == "activation_policy" and t.raw(f.name) not in tuple(ActivationPolicy):
+            raise SpecError(where, "plan.activation_policy",
+                            "layer or none (every layer alike; sac and seg:0b<7 bits> go in "
+                            f"layer_policies, one per decoder layer), got {t.raw(f.name)!r}")
         elif f.name in _ENUMS:
             enum = _ENUMS[f.name]
             kw[f.name] = enum(t.str(f.name, choices=tuple(e.value for e in enum)))
