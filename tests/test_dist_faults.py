@@ -1,7 +1,9 @@
 """A rank that raises or dies stops the whole job quickly, with the rank and the cause named.
 
 Two rank processes (gloo, CPU) train one step, local rank 0 writes a checkpoint from the shared
-host state, then in step 2 rank 1's backward either raises or kills its own process (SIGKILL).
+host state, then in step 2 rank 1's backward either raises or kills its own process (SIGKILL);
+in mode kill-term it first sends rank 0 a SIGTERM, as torchrun does when its monitor sees the
+dead rank before rank 0's watchdog has (the race a fixed monitor interval leaves open).
 Expected: torchrun returns non-zero within a bounded time; rank 0 prints
 "slidedp rank 0: stopping: rank 1 failed: <cause>"; nothing of the job is left in /dev/shm; the
 step-1 checkpoint loads and holds the state after step 1.
@@ -62,7 +64,9 @@ def _worker(out: Path, mode: str, device: str) -> None:
 
             def faulty(st, v):
                 if int(eng.tpl.g.unit[v]) == 1:  # mid-backward, after some updates streamed
-                    if mode == "kill":
+                    if mode == "kill-term":  # rank 0's pid from the status block
+                        os.kill(int(sess._status[sess.world_size]), signal.SIGTERM)
+                    if mode in ("kill", "kill-term"):
                         os.kill(os.getpid(), signal.SIGKILL)
                     raise RuntimeError("injected fault in BWD")
                 bwd(st, v)
@@ -72,7 +76,7 @@ def _worker(out: Path, mode: str, device: str) -> None:
         raise AssertionError("step 2 returned despite the fault")
 
 
-@pytest.mark.parametrize("mode", ["raise", "kill"])
+@pytest.mark.parametrize("mode", ["raise", "kill", "kill-term"])
 def test_failure_stops_every_rank_names_the_cause_and_keeps_the_checkpoint(mode, tmp_path):
     _check_fault(mode, tmp_path, "cpu")
 

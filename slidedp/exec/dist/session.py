@@ -16,6 +16,12 @@ Started in every process torchrun launched (RANK, WORLD_SIZE, LOCAL_RANK in the 
                   and leaves with os._exit(EXIT_PEER): a thread blocked in a collective cannot be
                   interrupted otherwise. A rank that failed itself is forced out after
                   FAIL_GRACE_S if its own teardown hangs.
+  SIGTERM         torchrun terminates the survivors as soon as its monitor sees a rank gone,
+                  which can be before their watchdogs have looked (a peer killed just before the
+                  monitor's poll: 1 run in ~50 of the CPU fault test). So the session (created in
+                  the main thread) defers SIGTERM: the signal only writes to a wakeup pipe, and
+                  the watchdog, seeing it, waits up to PEER_GRACE_S for the peer's failure to show
+                  and leaves with it named (or "terminated by the launcher").
 Blame: an error in this rank (the engine's tasks, or one leaving the `with` block) waits up to
 PEER_GRACE_S for a peer's failure to show (settled_peer_failure) before this rank takes the blame:
 a peer killed by a signal breaks this rank's collectives before /proc shows it gone.
@@ -29,6 +35,7 @@ was the cause). Single host only: WORLD_SIZE must equal LOCAL_WORLD_SIZE.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -61,6 +68,30 @@ def _process_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+class _DeferredTerm:
+    """SIGTERM caught: its C-level handler writes the signal number to a pipe (signal.set_wakeup_fd,
+    which works while the main thread is blocked in a collective) that the watchdog reads."""
+
+    def __init__(self):
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._old_fd = signal.set_wakeup_fd(self._w)
+        self._old_handler = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+
+    def received(self) -> bool:
+        try:
+            return signal.SIGTERM in os.read(self._r, 64)
+        except BlockingIOError:
+            return False
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._old_handler)
+        signal.set_wakeup_fd(self._old_fd)
+        os.close(self._r)
+        os.close(self._w)
 
 
 class DistSession:
@@ -98,6 +129,7 @@ class DistSession:
         self.barrier()
         self._failed_at: float | None = None
         self._stop = threading.Event()
+        self._term = _DeferredTerm() if threading.current_thread() is threading.main_thread() else None
         self._watchdog = threading.Thread(target=self._watch, daemon=True, name="slidedp-watchdog")
         self._watchdog.start()
 
@@ -199,6 +231,9 @@ class DistSession:
                     self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)} (teardown "
                                             f"still running after {FAIL_GRACE_S} s)")
                 continue
+            if self._term is not None and self._term.received():
+                peer = self.settled_peer_failure()
+                self._exit(EXIT_PEER, f"stopping: {peer or 'terminated by the launcher (SIGTERM)'}")
             self.mark_dead_peers()
             peer = self.peer_failure()
             if peer is not None:
@@ -219,6 +254,8 @@ class DistSession:
         self._status[self.rank] = EXITED
         self._stop.set()
         self._watchdog.join()
+        if self._term is not None:
+            self._term.restore()
         dist.destroy_process_group()
 
     def __enter__(self) -> DistSession:
