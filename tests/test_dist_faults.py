@@ -3,7 +3,9 @@
 Two rank processes (gloo, CPU) train one step, local rank 0 writes a checkpoint from the shared
 host state, then in step 2 rank 1's backward either raises or kills its own process (SIGKILL);
 in mode kill-term it first sends rank 0 a SIGTERM, as torchrun does when its monitor sees the
-dead rank before rank 0's watchdog has (the race a fixed monitor interval leaves open).
+dead rank before rank 0's watchdog has (the race a fixed monitor interval leaves open); in mode
+term nothing fails but rank 1 gets a SIGTERM (a user's kill, a preemption) and both ranks go on
+training: rank 1 must stop as the failed one, and rank 0 must name it.
 Expected: torchrun returns non-zero within a bounded time; rank 0 prints
 "slidedp rank 0: stopping: rank 1 failed: <cause>"; nothing of the job is left in /dev/shm; the
 step-1 checkpoint loads and holds the state after step 1.
@@ -68,15 +70,20 @@ def _worker(out: Path, mode: str, device: str) -> None:
                         os.kill(int(sess._status[sess.world_size]), signal.SIGTERM)
                     if mode in ("kill", "kill-term"):
                         os.kill(os.getpid(), signal.SIGKILL)
-                    raise RuntimeError("injected fault in BWD")
+                    if mode != "term":
+                        raise RuntimeError("injected fault in BWD")
+                    if not signalled:  # once; then train on
+                        signalled.append(os.kill(os.getpid(), signal.SIGTERM))
                 bwd(st, v)
 
+            signalled: list = []
             eng._run[Kind.BWD] = faulty
-        eng.step(ids)
+        for _ in range(2000 if mode == "term" else 1):  # term: train on until stopped
+            eng.step(ids)
         raise AssertionError("step 2 returned despite the fault")
 
 
-@pytest.mark.parametrize("mode", ["raise", "kill", "kill-term"])
+@pytest.mark.parametrize("mode", ["raise", "kill", "kill-term", "term"])
 def test_failure_stops_every_rank_names_the_cause_and_keeps_the_checkpoint(mode, tmp_path):
     _check_fault(mode, tmp_path, "cpu")
 
@@ -99,12 +106,13 @@ def _check_fault(mode: str, tmp_path: Path, device: str) -> None:
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
     assert elapsed < BOUND_S, f"the job took {elapsed:.0f} s to stop"
-    cause = ("RuntimeError: injected fault in BWD" if mode == "raise"
-             else r"its process \(pid \d+\) died without a report")
+    cause = {"raise": "RuntimeError: injected fault in BWD",
+             "term": "terminated by SIGTERM"}.get(mode, r"its process \(pid \d+\) died without a report")
     assert re.search(f"slidedp rank 0: stopping: rank 1 failed: {cause}", proc.stderr), \
         proc.stderr[-3000:]
-    if mode == "raise":
-        assert "slidedp rank 1: failed: RuntimeError: injected fault in BWD" in proc.stderr
+    if mode in ("raise", "term"):
+        assert f"slidedp rank 1: failed: {cause}" in proc.stderr
+    assert "slidedp rank 0: failed" not in proc.stderr  # the healthy rank never takes the blame
     name = (tmp_path / "name").read_text()
     assert not list(Path("/dev/shm").glob(f"{name}*")), "shared memory left behind"
     wl = Workload(parse_hf_config(CFG, "test"), seq_len=SEQ, global_batch=4, micro_batch=1, gpus=2)

@@ -19,9 +19,11 @@ Started in every process torchrun launched (RANK, WORLD_SIZE, LOCAL_RANK in the 
   SIGTERM         torchrun terminates the survivors as soon as its monitor sees a rank gone,
                   which can be before their watchdogs have looked (a peer killed just before the
                   monitor's poll: 1 run in ~50 of the CPU fault test). So the session (created in
-                  the main thread) defers SIGTERM: the signal only writes to a wakeup pipe, and
-                  the watchdog, seeing it, waits up to PEER_GRACE_S for the peer's failure to show
-                  and leaves with it named (or "terminated by the launcher").
+                  the main thread) defers SIGTERM (_DeferredTerm) to the watchdog, which waits up
+                  to PEER_GRACE_S for a peer's failure to show and stops naming it; with none
+                  (this rank alone was signalled: a user's kill, a preemption), this rank marks
+                  itself failed ("terminated by SIGTERM"), so its peers name it, and leaves. A rank
+                  already failing leaves at once.
 Blame: an error in this rank (the engine's tasks, or one leaving the `with` block) waits up to
 PEER_GRACE_S for a peer's failure to show (settled_peer_failure) before this rank takes the blame:
 a peer killed by a signal breaks this rank's collectives before /proc shows it gone.
@@ -71,27 +73,47 @@ def _process_gone(pid: int) -> bool:
 
 
 class _DeferredTerm:
-    """SIGTERM caught: its C-level handler writes the signal number to a pipe (signal.set_wakeup_fd,
-    which works while the main thread is blocked in a collective) that the watchdog reads."""
+    """SIGTERM caught, not obeyed at once: the Python handler sets a flag and the C-level one writes
+    the signal number to a pipe (signal.set_wakeup_fd: seen even while the main thread is blocked
+    in a collective and cannot run Python handlers); the watchdog reads both. A forked child gets
+    the default SIGTERM back and no wakeup fd (it is not a rank)."""
 
     def __init__(self):
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
+        self._flag = threading.Event()
         self._old_fd = signal.set_wakeup_fd(self._w)
-        self._old_handler = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        self._old_handler = signal.signal(signal.SIGTERM, lambda signum, frame: self._flag.set())
+        os.register_at_fork(after_in_child=_default_term_in_child)
 
     def received(self) -> bool:
         try:
-            return signal.SIGTERM in os.read(self._r, 64)
+            if signal.SIGTERM in os.read(self._r, 256):
+                self._flag.set()
         except BlockingIOError:
-            return False
+            pass
+        return self._flag.is_set()
 
     def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._old_handler)
+        """The previous handler and wakeup fd back; a SIGTERM that came after the watchdog's
+        last look is raised again, now to the previous handler."""
+        pending = self.received()
+        signal.signal(signal.SIGTERM, self._old_handler if self._old_handler is not None
+                      else signal.SIG_DFL)
         signal.set_wakeup_fd(self._old_fd)
         os.close(self._r)
         os.close(self._w)
+        if pending:
+            signal.raise_signal(signal.SIGTERM)
+
+
+def _default_term_in_child() -> None:
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # forked from a thread other than the main one: nothing was inherited
+        pass
 
 
 class DistSession:
@@ -225,27 +247,42 @@ class DistSession:
         block[:len(raw)] = list(raw)
 
     def _watch(self) -> None:
-        while not self._stop.wait(WATCHDOG_S):
-            if self._failed_at is not None:  # this rank is the cause: only bound its teardown
-                if time.monotonic() - self._failed_at > FAIL_GRACE_S:
-                    self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)} (teardown "
-                                            f"still running after {FAIL_GRACE_S} s)")
-                continue
-            if self._term is not None and self._term.received():
-                peer = self.settled_peer_failure()
-                self._exit(EXIT_PEER, f"stopping: {peer or 'terminated by the launcher (SIGTERM)'}")
-            self.mark_dead_peers()
-            peer = self.peer_failure()
-            if peer is not None:
+        try:
+            while not self._stop.wait(WATCHDOG_S):
+                self._look()
+        except BaseException as e:  # noqa: BLE001 - a dead watchdog would leave SIGTERM unheard
+            self._exit(EXIT_FAILED, f"failed: the watchdog raised {type(e).__name__}: {e}")
+
+    def _look(self) -> None:
+        """One watchdog round (module docstring: watchdog, SIGTERM)."""
+        term = self._term is not None and self._term.received()
+        if self._failed_at is not None:  # this rank is the cause: only bound its teardown
+            if term or time.monotonic() - self._failed_at > FAIL_GRACE_S:
+                self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)} ("
+                           + ("terminated while tearing down)" if term else
+                              f"teardown still running after {FAIL_GRACE_S} s)"))
+            return
+        if term:  # the peer that made torchrun stop us, or this rank was the one signalled
+            peer = self.settled_peer_failure()
+            if peer is not None and self._failed_at is None:
                 self._exit(EXIT_PEER, f"stopping: {peer}")
+            self.fail("terminated by SIGTERM")
+            self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)}")
+        self.mark_dead_peers()
+        peer = self.peer_failure()
+        if peer is not None:
+            self._exit(EXIT_PEER, f"stopping: {peer}")
 
     def _exit(self, code: int, message: str) -> None:
-        """Report and leave now; a rank stopping for a peer is marked exited, not failed."""
-        if code == EXIT_PEER:
-            self._status[self.rank] = EXITED
-        print(f"slidedp rank {self.rank}: {message}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)
+        """Report and leave now, whatever happens to the report; a rank stopping for a peer is
+        marked exited (not failed) unless it has failed itself meanwhile."""
+        try:
+            if code == EXIT_PEER and self._status[self.rank] == RUNNING:
+                self._status[self.rank] = EXITED
+            print(f"slidedp rank {self.rank}: {message}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+        finally:
+            os._exit(code)
 
     # ---- lifetime ------------------------------------------------------------------------------
 
