@@ -113,3 +113,32 @@ def test_a_failing_rank_stops_the_job_naming_rank_and_cause(tmp_path):
     assert re.search(r"slidedp rank \d: failed: SpecError: .*bad\.npy.*token ids", p.stderr), \
         p.stderr[-3000:]
     assert not (tmp_path / "o" / "final").exists()
+
+
+def test_a_killed_launcher_stops_its_ranks(tmp_path):
+    """SIGTERM to `slidedp train --nproc 2` (a user's kill, a preemption) reaches the ranks
+    through torchrun: they stop, one named as terminated, none left training as an orphan."""
+    import signal
+    import time
+
+    out = tmp_path / "sig"
+    args = [a if a != "6" else "100000" for a in RUN]  # train on until stopped
+    proc = subprocess.Popen([sys.executable, "-m", "slidedp.cli", "train", "--out", str(out),
+                             *args, "--nproc", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode != 0 and time.monotonic() - t0 < 60
+        assert re.search(r"slidedp rank \d: failed: terminated by SIGTERM", err), err[-3000:]
+        left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout
+        assert not left.split(), f"rank processes left running: {left}"
+    finally:  # whatever failed above, no orphan keeps training
+        proc.kill()
+        subprocess.run(["pkill", "-KILL", "-f", str(out)])
