@@ -229,6 +229,21 @@ class Engine:
                  dtype: torch.dtype = torch.float32, mode: str = "overlap",
                  optimizer: AdamWConfig, host_state: HostState | None = None,
                  session: DistSession | None = None, probe: Probe | None = None):
+        """Without `host_state` the engine creates one (eng.host_state: the caller closes it);
+        if the construction then fails, that one is closed here (its shared memory removed)."""
+        self._created_state: HostState | None = None
+        try:
+            self._build(model_config, workload, plan, device, dtype, mode, optimizer, host_state,
+                        session, probe)
+        except BaseException:
+            if self._created_state is not None:
+                self._created_state.close()
+            raise
+
+    def _build(self, model_config, workload: Workload, plan: Plan, device: str,
+               dtype: torch.dtype, mode: str, optimizer: AdamWConfig,
+               host_state: HostState | None, session: DistSession | None,
+               probe: Probe | None) -> None:
         if mode not in MODES:
             raise SpecError("engine", "mode", f"one of {', '.join(MODES)}, got {mode!r}")
         R = workload.gpus
@@ -265,7 +280,7 @@ class Engine:
         scatter = bool(g.meta["scatter_update"])
         copy_dtype = dtype if plan.host_bf16_copy else None
         if host_state is None:
-            host_state = HostState.create(numels, copy_dtype)
+            host_state = self._created_state = HostState.create(numels, copy_dtype)
         if host_state.unit_numels != numels or host_state.copy_dtype != copy_dtype:
             raise SpecError("engine", "host_state", f"units {numels} with a parameter copy of "
                             f"dtype {copy_dtype}, got {host_state.unit_numels} / {host_state.copy_dtype}")
