@@ -10,22 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 from slidedp.exec import adamw
+from slidedp.profile.timing import wall_median_s
 
 
 def rate(fn, elems: int) -> float:
-    fn()
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return elems / statistics.median(times)
+    return elems / wall_median_s(fn, warmup=1, repeats=5)
 
 
 def main() -> None:
