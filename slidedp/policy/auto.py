@@ -181,15 +181,15 @@ def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
 
 def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
              deadline: float | None) -> tuple[list[Finalist], int]:
-    """Measure the finalists' routes (all `layer`), best simulated first; (those kept, probes
-    run). Those the executor refuses are dropped while any was measured. With a deadline
+    """Measure the finalists' routes (all `layer`) in the order given (best simulated first);
+    (those kept, probes run). Those the executor refuses are dropped while any was measured. With a deadline
     (time.perf_counter() seconds), a probe starts only while the selection can still end in
     time: the longest probe so far, for this one and for the chosen mix's, fits before it; until
     a finalist has been measured, probes always run. A probe's one-off setup (the host state its
     first call builds: the probe's `setup_s`, where it has one) does not count as its cost.
     Finalists left unprobed leave the choice, and the report says so."""
     out, longest = [], 0.0
-    for f in best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan):
+    for f in finalists:
         measured_any = any(x.route.measured_s is not None for x in out)
         if deadline is not None and measured_any and time.perf_counter() + 2 * longest > deadline:
             notes.append(f"finalist {f.label()} not probed: the selection's time limit")
@@ -247,7 +247,11 @@ def auto_plan(
         rep.notes.append(f"activation policies limited to those the executor runs: "
                          f"{', '.join(p.name for p in profiles)} (of the shortlist)")
     measured: dict[str, float] = {}
-    finalists = [Finalist(s, _activations(hw, wl, s.plan, profiles, measured)) for s in routes]
+
+    def solved() -> list[Finalist]:  # every finalist route's MILP on the tau_j known so far
+        return [Finalist(s, _activations(hw, wl, s.plan, profiles, measured)) for s in routes]
+
+    finalists = solved()
     lap("activation MILPs")
     tried: set[str] = set()
     for _ in range(CALIBRATION_ROUNDS if calibrate is not None else 0):
@@ -257,12 +261,11 @@ def auto_plan(
         tried.update(picked)
         measured |= _calibrated(calibrate, routes[0].plan, picked, rep.notes)
         lap("policy costs measured")
-        finalists = [Finalist(s, _activations(hw, wl, s.plan, profiles, measured))
-                     for s in routes]
+        finalists = solved()
         lap("activation MILPs")
     rep.measured_taus = set(measured)
-    simulated_best = best_first(finalists, lambda f: f.simulated_score_s,
-                                lambda f: f.route.plan)[0].route.plan
+    finalists = best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)
+    simulated_best = finalists[0].route.plan
     if probe is not None:
         finalists, probed = _confirm(probe, finalists, rep.notes, deadline)
         lap(f"probes of {probed} of {len(routes)} finalists")
