@@ -93,13 +93,23 @@ def marginal_costs(
     names: list[str],
     k_layers: int,
     measured: dict[str, float] | None = None,
+    memo: dict[Plan, float] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """(T_0, tau_j per policy name) by simulation (module docstring); `reference` is all-layer;
-    `measured`: marginal seconds per layer over `layer` measured by real probes, used as is."""
+    `measured`: marginal seconds per layer over `layer` measured by real probes, used as is;
+    `memo`: simulated steps by plan, kept by a caller that asks again on the same hardware and
+    workload (AutoPolicy re-solving after a calibration round), so nothing is simulated twice."""
     L = wl.model.n_layers
     k = max(1, min(L, k_layers))
     measured = measured or {}
-    t0 = simulate(hw, wl, tail_plan(reference, L, "layer", 0), check_memory=False).step_time_s
+    memo = {} if memo is None else memo
+
+    def step_s(plan: Plan) -> float:
+        if plan not in memo:
+            memo[plan] = simulate(hw, wl, plan, check_memory=False).step_time_s
+        return memo[plan]
+
+    t0 = step_s(tail_plan(reference, L, "layer", 0))
     tau0 = t0 / L
     taus = {}
     for name in names:
@@ -108,6 +118,5 @@ def marginal_costs(
         elif name in measured:
             taus[name] = tau0 + measured[name]
         else:
-            tj = simulate(hw, wl, tail_plan(reference, L, name, k), check_memory=False).step_time_s
-            taus[name] = tau0 + (tj - t0) / k
+            taus[name] = tau0 + (step_s(tail_plan(reference, L, name, k)) - t0) / k
     return t0, taus

@@ -18,8 +18,9 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
        until it fits, or InfeasiblePlan (it cannot fit the cap at all).
-  Choice: the finalist with the smallest route step minus activation saving (simulated: within
-  routes.TIE_REL of it, the largest chunks, routes.best_first); with `probe`
+  Choice: the finalist with the smallest route step minus activation saving (the smaller of the
+  MILP's sum and the whole plan simulated with its policies, ActivationChoice.saving_s;
+  simulated: within routes.TIE_REL of it, the largest chunks, routes.best_first); with `probe`
   (Plan -> measured s/step on this device, policy/probe.py) the finalists' routes are measured,
   best simulated first, as long as the selection's time limit allows (the unmeasured ones leave
   the choice), the measured step replaces the simulated one, and the chosen plan is measured too when its
@@ -144,11 +145,12 @@ def _exposure(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[float, str]:
 
 
 def _activations(hw: HardwareSpec, wl: Workload, route: Plan, profiles: list[PolicyProfile],
-                 measured: dict[str, float]) -> ActivationChoice:
-    """Steps 3-7 on one route (module docstring)."""
+                 measured: dict[str, float], memo: dict[Plan, float]) -> ActivationChoice:
+    """Steps 3-7 on one route (module docstring); memo: marginal_costs' simulated steps."""
     L, notes = wl.model.n_layers, []
     route = replace(route, layer_policies=())
-    t0, taus = marginal_costs(hw, wl, route, [p.name for p in profiles], max(1, L // 4), measured)
+    t0, taus = marginal_costs(hw, wl, route, [p.name for p in profiles], max(1, L // 4), measured,
+                              memo)
     tok, tok_mb, r = wl.tokens_per_gpu_step, wl.tokens_per_micro_batch, route.offload_ratio
     data = [
         PolicyData(p.name, taus[p.name], (1 - r) * tok * p.retained_bytes_per_token,
@@ -247,9 +249,11 @@ def auto_plan(
         rep.notes.append(f"activation policies limited to those the executor runs: "
                          f"{', '.join(p.name for p in profiles)} (of the shortlist)")
     measured: dict[str, float] = {}
+    memo: dict[Plan, float] = {}
 
     def solved() -> list[Finalist]:  # every finalist route's MILP on the tau_j known so far
-        return [Finalist(s, _activations(hw, wl, s.plan, profiles, measured)) for s in routes]
+        return [Finalist(s, _activations(hw, wl, s.plan, profiles, measured, memo))
+                for s in routes]
 
     finalists = solved()
     lap("activation MILPs")
