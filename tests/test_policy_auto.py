@@ -172,6 +172,26 @@ def test_time_limit_stops_the_probes_and_says_so():
         assert any(n.startswith("the chosen policy mix was not probed") for n in rep.notes)
 
 
+def test_the_mix_probe_starts_only_where_it_ends_within_the_limit():
+    """The chosen mix is probed only where the longest probe so far still ends before the limit
+    (not merely where the limit has not passed yet): the selection keeps to its time."""
+    hw, wl = _tiny()
+    _, free = auto_plan(hw, wl, 40 * GIB)
+    assert free.chosen.activations.counts != {"layer": wl.model.n_layers}
+    probed = []
+
+    def probe(plan):
+        probed.append(plan)
+        time.sleep(1.0)
+        return 1.0
+
+    _, rep = auto_plan(hw, wl, 40 * GIB, probe=probe, probe_device="fake",
+                       time_limit_s=free.selection_s + 1.5)
+    assert len(probed) == 1 and rep.chosen.plan_measured_s is None
+    assert any(n.startswith("the chosen policy mix was not probed") for n in rep.notes)
+    assert rep.selection_s < free.selection_s + 1.5
+
+
 def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
     hw, wl = _tiny()
     calls = []

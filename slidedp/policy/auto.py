@@ -23,8 +23,9 @@ simulator ranking in seconds and real probes spent only on confirming the finali
   simulated: within routes.TIE_REL of it, the largest chunks, routes.best_first); with `probe`
   (Plan -> measured s/step on this device, policy/probe.py) the finalists' routes are measured,
   best simulated first, as long as the selection's time limit allows (the unmeasured ones leave
-  the choice), the measured step replaces the simulated one, and the chosen plan is measured too when its
-  policies differ (and the executor runs them): measured slower than its all-`layer` route, the
+  the choice), the measured step replaces the simulated one, and the chosen plan is measured too
+  when its policies differ (and the executor runs them) and the longest probe so far still ends
+  within the limit: measured slower than its all-`layer` route, the
   policy mix is rejected and every layer kept on `layer`. The report says whether the probes
   confirmed or overturned the simulator's choice.
 The cap is applied by lowering the hardware's HBM size to min(HBM, cap) for every check.
@@ -182,9 +183,10 @@ def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
 
 
 def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
-             deadline: float | None) -> tuple[list[Finalist], int]:
+             deadline: float | None) -> tuple[list[Finalist], int, float]:
     """Measure the finalists' routes (all `layer`) in the order given (best simulated first);
-    (those kept, probes run). Those the executor refuses are dropped while any was measured. With a deadline
+    (those kept, probes run, the longest probe's seconds). Those the executor refuses are
+    dropped while any was measured. With a deadline
     (time.perf_counter() seconds), a probe starts only while the selection can still end in
     time: the longest probe so far, for this one and for the chosen mix's, fits before it; until
     a finalist has been measured, probes always run. A probe's one-off setup (the host state its
@@ -204,7 +206,7 @@ def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
         if f.route.measured_s is None:
             notes.append(f"finalist {f.label()} not measured: the executor refused it"
                          + (" (dropped)" if kept else ""))
-    return kept or out, len(out)
+    return kept or out, len(out), longest
 
 
 def auto_plan(
@@ -270,8 +272,9 @@ def auto_plan(
     rep.measured_taus = set(measured)
     finalists = best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)
     simulated_best = finalists[0].route.plan
+    longest = 0.0
     if probe is not None:
-        finalists, probed = _confirm(probe, finalists, rep.notes, deadline)
+        finalists, probed, longest = _confirm(probe, finalists, rep.notes, deadline)
         lap(f"probes of {probed} of {len(routes)} finalists")
     rep.simulator_pick = next((f for f in finalists if f.route.plan == simulated_best), None)
     if probe is None:  # simulated scores: a tie goes to the larger chunks (routes.best_first)
@@ -280,9 +283,11 @@ def auto_plan(
         rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
     chosen = rep.chosen
     mixed = chosen.activations.counts != {"layer": wl.model.n_layers}
-    if probe is not None and mixed and deadline is not None and time.perf_counter() > deadline:
+    if (probe is not None and mixed and deadline is not None
+            and time.perf_counter() + longest > deadline):
         rep.notes.append("the chosen policy mix was not probed: the selection's time limit "
-                         "(kept as the simulator chose it)")
+                         "(the longest probe so far would end past it; kept as the simulator "
+                         "chose it)")
     elif probe is not None and mixed:
         chosen.plan_measured_s = probe(chosen.activations.plan)
         if chosen.plan_measured_s is None:
