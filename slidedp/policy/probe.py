@@ -3,9 +3,12 @@
 probes). The only module of slidedp.policy that needs torch; auto.py takes its methods as plain
 callables.
 
-ExecutorProbe(model, workload, device), a context manager, random weights:
-  setup_s                seconds spent building host states so far (AutoPolicy's time limit
-                         leaves it out of a probe's cost)
+ExecutorProbe(model, workload, device), a context manager, random weights; entering it starts
+building the whole model's host state in a background thread (every selection with probes
+probes at least one finalist on it), so that it overlaps AutoPolicy's simulated stages; every
+measurement first waits for that build, so that no measurement runs beside it:
+  setup_s                seconds spent building host states, or waiting for the background
+                         build, so far (AutoPolicy's time limit leaves it out of a probe's cost)
   probe(plan)            measured steady seconds per step of `plan` on the whole model: STEPS
                          optimizer steps of slidedp.exec.Engine (validate/runner.py measure; bf16
                          on cuda, float32 on cpu), the first DISCARD left out, the fastest of the
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import threading
 import time
 from functools import cache
 
@@ -101,13 +105,18 @@ class _Pipeline:
         self.wl, self.device = wl, device
         self.config = dict(wl.model.config)
         self.hs: HostState | None = None
-        self.setup_s = 0.0  # building the host state
+        self.setup_s = 0.0  # building the host state in the measuring thread
+
+    def build(self) -> None:
+        """The host state, built once (random weights)."""
+        if self.hs is None:
+            self.hs = random_host_state(self.config, None, None)
 
     def step_s(self, plan: Plan) -> float:
         """Measured steady seconds per step; SpecError when the executor refuses the plan."""
         if self.hs is None:
             t = time.perf_counter()
-            self.hs = random_host_state(self.config, None, None)
+            self.build()
             self.setup_s += time.perf_counter() - t
         m = measure(self.config, self.wl, plan, self.hs, device=self.device, iters=STEPS,
                     discard=DISCARD)
@@ -134,19 +143,46 @@ class ExecutorProbe:
             dataclasses.replace(wl, model=reduced_model(wl.model, REDUCED_LAYERS)), device)
         self._t0: dict[Plan, float] = {}
         self._layer_s: dict[str, float] = {}  # policy -> one layer's compute seconds
+        self._prebuild: threading.Thread | None = None
+        self._prebuild_error: BaseException | None = None
+        self._waited_s = 0.0  # for the background build
 
     def __enter__(self) -> ExecutorProbe:
+        self._prebuild = threading.Thread(target=self._build_full, name="probe-host-state",
+                                          daemon=True)
+        self._prebuild.start()
         return self
+
+    def _build_full(self) -> None:
+        try:
+            self.full.build()
+        except BaseException as e:  # raised again by the first measurement (_ready)
+            self._prebuild_error = e
+
+    def _ready(self) -> None:
+        """Wait for the background build (the wait counts as setup); its error, if it failed."""
+        if self._prebuild is not None:
+            t = time.perf_counter()
+            self._prebuild.join()
+            self._prebuild = None
+            self._waited_s += time.perf_counter() - t
+        if self._prebuild_error is not None:
+            raise self._prebuild_error
 
     @property
     def setup_s(self) -> float:
-        """Seconds spent so far building host states (one-off, not any probe's own cost)."""
-        return self.full.setup_s + (self.reduced.setup_s if self.reduced is not self.full else 0.0)
+        """Seconds spent so far building host states or waiting for them (one-off, not any
+        probe's own cost)."""
+        return self._waited_s + self.full.setup_s + (
+            self.reduced.setup_s if self.reduced is not self.full else 0.0)
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def close(self) -> None:
+        if self._prebuild is not None:
+            self._prebuild.join()
+            self._prebuild = None
         self.full.close()
         self.reduced.close()
 
@@ -158,6 +194,7 @@ class ExecutorProbe:
         Out of memory, the probe runs once more after the same release: a plan near the cap
         fits alone (a 4B mb-6 mix at 137 of 139.8 GiB, nvidia-h200-x2) but not beside what the
         failed attempt still holds."""
+        self._ready()
         for attempt in range(2):
             gc.collect()
             if self.device == "cuda":
@@ -180,6 +217,7 @@ class ExecutorProbe:
         docstring); None, with the reason in `refusals`, where the one-layer run fails (out of
         memory, a policy the executor refuses)."""
         wl = self.full.wl
+        self._ready()
         for p in ("layer", name):
             if p in self._layer_s:
                 continue
