@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -19,7 +20,7 @@ from slidedp.policy.routes import TIE_REL, best_first, window_candidates
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import ParamRoute, Plan, load_plan
+from slidedp.spec.plan import ParamRoute, Plan, default_plan, load_plan
 from slidedp.spec.workload import Workload
 
 GIB = 2**30
@@ -172,24 +173,63 @@ def test_time_limit_stops_the_probes_and_says_so():
         assert any(n.startswith("the chosen policy mix was not probed") for n in rep.notes)
 
 
-def test_the_mix_probe_starts_only_where_it_ends_within_the_limit():
-    """The chosen mix is probed only where the longest probe so far still ends before the limit
-    (not merely where the limit has not passed yet): the selection keeps to its time."""
+@pytest.mark.parametrize("limit_s, mix_probed", [(15.0, False), (25.0, True)])
+def test_the_mix_probe_starts_only_where_it_ends_within_the_limit(monkeypatch, limit_s, mix_probed):
+    """On a clock where the simulated stages take no time and a probe 10 s: the first finalist
+    is always probed (ends at 10 s); a second finalist needs room for itself and the mix (30 s);
+    the chosen mix is probed only where one more probe still ends within the limit (20 s), not
+    merely where the limit has not passed yet."""
     hw, wl = _tiny()
     _, free = auto_plan(hw, wl, 40 * GIB)
     assert free.chosen.activations.counts != {"layer": wl.model.n_layers}
+    assert len(free.finalists) >= 2
+    now = [0.0]
+    monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     probed = []
 
     def probe(plan):
         probed.append(plan)
-        time.sleep(1.0)
+        now[0] += 10.0
         return 1.0
 
-    _, rep = auto_plan(hw, wl, 40 * GIB, probe=probe, probe_device="fake",
-                       time_limit_s=free.selection_s + 1.5)
-    assert len(probed) == 1 and rep.chosen.plan_measured_s is None
-    assert any(n.startswith("the chosen policy mix was not probed") for n in rep.notes)
-    assert rep.selection_s < free.selection_s + 1.5
+    _, rep = auto_plan(hw, wl, 40 * GIB, probe=probe, probe_device="fake", time_limit_s=limit_s)
+    assert len(probed) == 1 + mix_probed
+    assert (rep.chosen.plan_measured_s is not None) == mix_probed
+    assert any(n.startswith("the chosen policy mix was not probed") for n in rep.notes) != mix_probed
+    assert rep.selection_s <= limit_s
+
+
+def test_no_mix_probe_without_a_measured_route():
+    """Every finalist refused by the probe: nothing to compare the mix with, so it is not probed
+    (it could not be rejected) and the report says so."""
+    hw, wl = _tiny()
+    probed = []
+
+    def probe(plan):
+        probed.append(plan)
+        return None
+
+    _, rep = auto_plan(hw, wl, 40 * GIB, probe=probe, probe_device="fake")
+    assert rep.chosen.activations.counts != {"layer": wl.model.n_layers}
+    assert all(p.layer_policies == () or set(p.layer_policies) == {"layer"} for p in probed)
+    assert rep.chosen.plan_measured_s is None
+    assert any("no route was measured" in n for n in rep.notes)
+
+
+def test_a_mix_no_faster_than_all_layer_as_a_whole_plan_is_dropped():
+    """With half the activations offloaded the per-layer savings can add up while the whole plan
+    simulates slower than all `layer` (the offload traffic): such a mix is not kept."""
+    hw = load_hardware("h200x1")
+    wl = Workload(load_model("qwen3-1.7b"), 8192, 2, 1, 1)
+    base = replace(default_plan(hw.fabric.kind), offload_ratio=0.5)
+    _, rep = auto_plan(hw, wl, 40 * GIB, base=base)
+    dropped = [f for f in rep.finalists if any("no faster than all `layer`" in n
+                                               for n in f.activations.notes)]
+    assert dropped
+    for f in rep.finalists:
+        assert f.activations.whole_plan_saving_s >= 0 and f.activations.saving_s >= 0
+    for f in dropped:
+        assert set(f.activations.plan.layer_policies) == {"layer"}
 
 
 def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
@@ -245,7 +285,7 @@ def test_calibration_rounds_simulate_nothing_twice(monkeypatch):
 
     monkeypatch.setattr(policy_activations, "simulate", counting)
     _, rep = auto_plan(hw, wl, 40 * GIB, calibrate=lambda ref, name: 1.0)
-    assert len(rep.measured_taus) >= 2  # at least two rounds solved the MILPs again
+    assert len(rep.measured_taus) >= 2  # measured costs (here two rounds, one policy each)
     assert seen and len(seen) == len(set(seen))
 
 

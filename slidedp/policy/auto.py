@@ -17,7 +17,9 @@ simulator ranking in seconds and real probes spent only on confirming the finali
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
-       until it fits, or InfeasiblePlan (it cannot fit the cap at all).
+       until it fits, or InfeasiblePlan (it cannot fit the cap at all). A mix whose whole plan
+       simulates no faster than all `layer` on its route (an offload ratio above 0 can make the
+       summed per-layer savings positive and the whole plan slower) is dropped for all `layer`.
   Choice: the finalist with the smallest route step minus activation saving (the smaller of the
   MILP's sum and the whole plan simulated with its policies, ActivationChoice.saving_s;
   simulated: within routes.TIE_REL of it, the largest chunks, routes.best_first); with `probe`
@@ -165,6 +167,11 @@ def _activations(hw: HardwareSpec, wl: Workload, route: Plan, profiles: list[Pol
         notes.append("fell back to the conservative plan: every layer `layer`")
         plan = replace(route, layer_policies=("layer",) * L)
     final_s, exposure = _exposure(hw, wl, plan)
+    if final_s >= t0 and set(plan.layer_policies) != {"layer"}:
+        notes.append(f"the MILP's mix simulated {final_s:.4g} s as a whole plan, no faster than "
+                     f"all `layer` ({t0:.4g} s): every layer kept on `layer`")
+        plan = replace(route, layer_policies=("layer",) * L)
+        final_s, exposure = _exposure(hw, wl, plan)
     return ActivationChoice(
         plan, t0, taus, {d.name: d.retained_bytes for d in data}, budget,
         {name: plan.layer_policies.count(name) for name in set(plan.layer_policies)},
@@ -283,7 +290,10 @@ def auto_plan(
         rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
     chosen = rep.chosen
     mixed = chosen.activations.counts != {"layer": wl.model.n_layers}
-    if (probe is not None and mixed and deadline is not None
+    if probe is not None and mixed and chosen.route.measured_s is None:
+        rep.notes.append("the chosen policy mix was not probed: no route was measured to compare "
+                         "it with (the probe refused them)")
+    elif (probe is not None and mixed and deadline is not None
             and time.perf_counter() + longest > deadline):
         rep.notes.append("the chosen policy mix was not probed: the selection's time limit "
                          "(the longest probe so far would end past it; kept as the simulator "
@@ -293,7 +303,7 @@ def auto_plan(
         if chosen.plan_measured_s is None:
             rep.notes.append("the chosen policy mix itself was not measured: the probe refused "
                              "it (see `probe refused`; its all-`layer` route was measured)")
-        elif chosen.route.measured_s is not None:
+        else:
             chosen.activations_rejected = chosen.plan_measured_s > chosen.route.measured_s
         lap("probe of the chosen mix")
     rep.selection_s = time.perf_counter() - start
