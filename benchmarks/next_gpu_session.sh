@@ -27,12 +27,12 @@
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-# Left after the 2026-12-01 02:23 calls, in order: `ap 1 16384` on nvidia-h200 with the HW of
-# results/2026-12-01-h200-profile-0205.toml (or a fresh profile with --seq 4096 16384) and
-# `MODEL=qwen3-8b ap 4` on nvidia-h200-x2 (issue 8: AutoPolicy after the bounded costs, the
-# calibration rounds and the chunk tie-break, none of them measured yet), `h200` (the h200 4B
-# validation cases on a profile with the cast's share), `x4` / x8 when lent (issue 7), each with
-# 10 steps where the call allows.
+# Left after the 2026-12-01 04:41 calls, in order: `MODEL=qwen3-8b ap 4` on nvidia-h200-x2 with a
+# fresh x2 profile (issue 8 at 8B with the whole-plan scoring, the background host-state build and
+# 3-step probes: the 8B selection took 70 s before), `h200` (issue 6: the h200 4B validation cases
+# on a profile with the cast's share), `h200-ratio` with its profile (issue 4: 0.904 at mb 5 on one
+# lease, 0.830 by the protocol on a slow one: say which host each ratio had), `x4` / x8 when lent
+# (issue 7), each with 10 steps where the call allows.
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
