@@ -21,13 +21,16 @@
 #   bash benchmarks/next_gpu_session.sh h200-widen OUT # nvidia-h200: BF16 gradient downloads (GPU
 #                                                      #   tests, profile, 4B ratio host vs gpu widen)
 #   HW=PROFILE [MODEL=qwen3-8b] bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # AutoPolicy vs sweep
+#   bash benchmarks/next_gpu_session.sh ap-confirm OUT DIR  # an `ap` result DIR's deciding rows
+#                                                      #   again by the protocol (confirm_sweep.py)
 #   bash benchmarks/next_gpu_session.sh chunk-cost OUT # the executor's per-chunk cast cost: a profile,
 #                                                      #   the cast under each load, GIL switch interval
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-# Left after the 2026-12-01 04:41 calls, in order: `MODEL=qwen3-8b ap 4` on nvidia-h200-x2 with a
+# Left after the 2026-12-01 04:41 calls, in order: `ap-confirm` of the seq-16384 and mb-1 `ap`
+# results (their sweeps are one 6-step run per plan, ~5% spread), `MODEL=qwen3-8b ap 4` on nvidia-h200-x2 with a
 # fresh x2 profile (issue 8 at 8B with the whole-plan scoring, the background host-state build and
 # 3-step probes: the 8B selection took 70 s before), `h200` (issue 6: the h200 4B validation cases
 # on a profile with the cast's share), `h200-ratio` with its profile (issue 4: 0.904 at mb 5 on one
@@ -152,6 +155,11 @@ ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against 
     # AutoPolicy's --gpu-memory-cap-gib
     HW=${HW:?set HW to a profile TOML of this machine} bash benchmarks/autopolicy_vs_sweep.sh \
         "$OUT/ap" "${MODEL:-qwen3-4b}" "${3:-6}" "${4:-4096}" ;;
+ap-confirm)  # any H200: the rows that decide an `ap` comparison measured again by the protocol
+    # (15 steps, mean of the last 7, two interleaved runs; benchmarks/confirm_sweep.py), e.g.
+    # `ap-confirm OUT benchmarks/results/2026-12-01-h200-autopolicy-4b-seq16384-0428` (~6 min)
+    python3 benchmarks/confirm_sweep.py "$3/sweep.jsonl" "$OUT/confirm.jsonl" --plan "$3/plan.toml" \
+        | tee "$OUT/confirm.txt" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
     # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
@@ -164,6 +172,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|ap|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|ap|ap-confirm|rows|x4 OUT" >&2
     exit 2 ;;
 esac

@@ -39,3 +39,26 @@ def test_multi_gpu_benchmark_runs_cases_with_plan_overrides(tmp_path):
     assert row["plan"]["window_slots"] == 2 and row["accum"] == 2 and row["step_s"] > 0
     (idle,) = row["compute_idle_s"]  # one GPU (here the CPU device): its exposed seconds
     assert 0 <= idle < row["all_steps_s"][-1]
+
+
+def test_confirm_sweep_reruns_the_deciding_rows_interleaved(tmp_path):
+    """confirm_sweep.py picks the chosen plan (given a new path), the default (the grid's first
+    row) and the fastest other row of a sweep, runs them interleaved --runs times and prints the
+    ratios from the means."""
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[plan]\nparam_route = "replicated"\nwindow_slots = 2\n')
+    grid = ["2:2:sharded:gpu:rank0:window_slots=2", "2:2:sharded:gpu:rank0:window_slots=3",
+            "2:2:replicated:gpu:rank0:window_slots=2"]
+    sweep = tmp_path / "sweep.jsonl"
+    rows = [{"case": "2:2:plan=/gone/plan.toml", "step_s": 1.0, "model": "tiny-qwen3", "seq": 32}]
+    rows += [{"case": c, "step_s": s, "model": "tiny-qwen3", "seq": 32}
+             for c, s in zip(grid, (3.0, 1.5, 2.0), strict=True)]
+    sweep.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "confirm.jsonl"
+    p = _run("benchmarks/confirm_sweep.py", str(sweep), str(out), "--plan", str(plan),
+             "--top", "1", "--iters", "2", "--discard", "1", "--runs", "2", "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    cases = [json.loads(line)["case"] for line in out.read_text().splitlines()]
+    chosen = f"2:2:plan={plan}"
+    assert cases == [chosen, grid[0], grid[1]] * 2  # the fastest other row: window 3
+    assert "chosen against the fastest other row:" in p.stdout and "(default)" in p.stdout
