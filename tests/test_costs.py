@@ -1,10 +1,12 @@
 """graph/costs.py's CAST durations: the hardware's cast rate by chunk size when it has
 host.cast_chunk_gelem_per_s (interpolated in log chunk size), else the thread curve; the
-simulator's core-sharing curve follows the same chunk size."""
+simulator's core-sharing curve follows the same chunk size. RECOMPUTE durations with and without
+policy sac's measured recompute."""
 
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import replace
 
 import numpy as np
@@ -17,7 +19,8 @@ from slidedp.graph.tasks import Kind
 from slidedp.model.predict import predict
 from slidedp.sim.resources import task_flows_spec
 from slidedp.sim.simulator import simulate
-from slidedp.spec.hardware import load_hardware, preset_dir
+from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import LayerTime, load_hardware, parse_hardware, preset_dir
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, Plan, default_plan
 from slidedp.spec.workload import Workload
@@ -194,3 +197,66 @@ def test_the_memory_cap_frees_the_dma_only_above_the_teams_cap(tmp_path):
                         _with_memory_cap(tmp_path, 1000.0))]
     assert steps[1] == pytest.approx(steps[0], rel=1e-9)
     assert steps[2] < 0.97 * steps[0]
+
+
+def _recompute_ms(hw, wl, policy: str) -> float:
+    g = build_graph(wl, default_plan(hw.fabric.kind).with_overrides(
+        layer_policies=(policy,) * wl.model.n_layers), hw.host.cores)
+    d = task_durations(g, hw, wl)[g.kind == int(Kind.RECOMPUTE)]
+    return float(np.median(d)) * 1e3
+
+
+@pytest.mark.parametrize("accum", [1, 3])
+def test_recompute_prices_elementwise_bytes_by_the_measured_sac(accum):
+    """With sac's measured recompute, `layer` recomputes one forward and `sac` its measured time
+    (per micro-batch, times the micro-batches), and a segment policy its FLOP share of the
+    forward's matmul time plus its elementwise bytes at sac's rate (Qwen3-4B seq 16384 on
+    nvidia-h200, 04:28: fwd 11.66 ms, sac 4.23 ms; seg:0b0100100 measured 5.39 ms, modelled
+    5.28; without sac's figure ~2.1)."""
+    m = load_model("qwen3-4b")
+    base = load_hardware("h200x1")
+    lt = LayerTime(m.hidden, m.ffn, 16384, 1, 3 * 0.01166, "test")
+    without = replace(base, gpu=replace(base.gpu, layer_times=(lt,)))
+    hw = replace(base, gpu=replace(base.gpu, layer_times=(replace(lt, sac_recompute_s=0.00423),)))
+    wl = Workload(m, 16384, accum, 1, 1)
+    assert _recompute_ms(hw, wl, "layer") == pytest.approx(11.66 * accum, rel=1e-6)
+    assert _recompute_ms(hw, wl, "sac") == pytest.approx(4.23 * accum, rel=1e-6)
+    assert _recompute_ms(hw, wl, "seg:0b0100100") == pytest.approx(5.28 * accum, abs=0.01 * accum)
+    assert _recompute_ms(without, wl, "seg:0b0100100") < 2.2 * accum  # the preset's k: 2.11
+    assert _recompute_ms(without, wl, "sac") < 0.5 * accum  # the HBM rate: a tenth of measured
+
+
+def test_a_sac_recompute_beyond_the_forward_falls_back():
+    """A sac recompute that leaves no matmul time in the forward (a bad measurement) is not
+    used: the FLOP + HBM share of the forward prices the recompute as without it."""
+    m = load_model("qwen3-4b")
+    base = load_hardware("h200x1")
+    lt = LayerTime(m.hidden, m.ffn, 4096, 1, 0.009, "test")
+    wl = Workload(m, 4096, 1, 1, 1)
+    odd = replace(base, gpu=replace(base.gpu, layer_times=(replace(lt, sac_recompute_s=0.05),)))
+    plain = replace(base, gpu=replace(base.gpu, layer_times=(lt,)))
+    assert _recompute_ms(odd, wl, "sac") == _recompute_ms(plain, wl, "sac")
+
+
+def test_sac_recompute_must_be_a_positive_number():
+    text = (preset_dir() / "h200x1.toml").read_text()
+    doc = tomllib.loads(text)
+    doc["gpu"]["layer_time"] = [{"hidden": 2560, "ffn": 9728, "seq": 4096, "micro_batch": 1,
+                                 "fwd_bwd_s": 0.009, "sac_recompute_s": -1.0, "source": "x"}]
+    with pytest.raises(SpecError, match="sac_recompute_s"):
+        parse_hardware(doc, "bad.toml")
+
+
+def test_the_policy_shortlist_prices_recompute_as_the_costs_do():
+    """AutoPolicy's model-costed policies (policy/activations.profile_policies) take the same k:
+    with sac's measured recompute, sac's recompute fraction is its measured share of the fwd."""
+    from slidedp.policy.activations import profile_policies
+
+    m = load_model("qwen3-4b")
+    base = load_hardware("h200x1")
+    lt = LayerTime(m.hidden, m.ffn, 16384, 1, 3 * 0.01166, "test", sac_recompute_s=0.00423)
+    hw = replace(base, gpu=replace(base.gpu, layer_times=(lt,)))
+    fractions = {p.name: p.recompute_fraction
+                 for p in profile_policies(hw, Workload(m, 16384, 1, 1, 1))}
+    assert fractions["layer"] == pytest.approx(1.0)
+    assert fractions["sac"] == pytest.approx(4.23 / 11.66, rel=1e-6)

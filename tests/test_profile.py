@@ -472,6 +472,16 @@ def test_cast_by_chunk_assembles_with_dram_and_sources():
     assert "from cast by chunk" in hw.host.sources["dram_gbps"]
 
 
+def test_sac_recompute_is_written_with_its_layer_time():
+    res = _fake_results()
+    res.sac_recompute_s[("qwen3-8b", 4096, 2)] = 0.0031
+    hw = parse_hardware(tomllib.loads(dumps(Assembler(FAKE, _request(), res, load_hardware(
+        "h200x1")).document("fake"))), "fake.toml")
+    assert [lt.sac_recompute_s for lt in hw.gpu.layer_times] == [None, 0.0031]
+    assert "sac_recompute_s: policy sac's recompute" in hw.gpu.layer_times[1].source
+    assert "sac_recompute_s" not in hw.gpu.layer_times[0].source
+
+
 def test_sustained_layer_time_is_the_written_layer_time():
     res = _fake_results()
     res.sustained = [dataclasses.replace(t, fwd_s=t.fwd_s * 1.05, bwd_s=t.bwd_s * 1.05,

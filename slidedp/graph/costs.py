@@ -5,8 +5,16 @@ Durations are each task alone on its agent at the full rate of its resources (no
                           (fwd : bwd = 1 : 2, as their FLOPs), else
                           FLOPs / achieved rate(hidden, tokens per micro-batch)
   RECOMPUTE               fwd time x the policy's recompute fraction: (recompute FLOPs + its
-                          elementwise HBM bytes x k) / (the same for the whole forward), k =
-                          achieved rate / HBM rate (spec/segments.py; 1 for whole-layer "layer")
+                          elementwise HBM bytes x k) / (the same for the whole forward); 1 for
+                          whole-layer "layer". k (flops_per_hbm_byte): where the hardware has
+                          policy sac's measured recompute for the shape (gpu.layer_time
+                          sac_recompute_s; sac recomputes only memory-bound ops), the forward
+                          splits into elementwise time E = its elementwise bytes at sac's rate
+                          and matmul time M = fwd - E, and k = (1 / sac's rate) / (M / the
+                          forward's FLOPs): exact for "layer" and "sac" (nvidia-h200, Qwen3-4B:
+                          PyTorch's eager elementwise ops reach ~350-530 GB/s by the bytes
+                          spec/segments.py counts, a tenth of the HBM rate); else k = achieved
+                          rate / HBM rate
   HEAD_LOSS               FLOPs / achieved rate;  EMBED_FWD / EMBED_BWD  bytes / HBM rate
   H2D, ACT_RELOAD         bytes / per-GPU H2D rate;  D2H, ACT_OFFLOAD  bytes / per-GPU D2H rate
   CAST                    elements / (cast rate(threads, chunk) x share);  ADAM  parameters /
@@ -44,7 +52,7 @@ import numpy as np
 from slidedp.graph.build import FP32_BYTES
 from slidedp.graph.tasks import COLLECTIVE_OPS, Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
-from slidedp.spec.segments import segment_costs
+from slidedp.spec.segments import policy_cost, segment_costs
 from slidedp.spec.workload import Workload
 
 
@@ -150,10 +158,27 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
     return d
 
 
+def flops_per_hbm_byte(hw: HardwareSpec, wl: Workload) -> float:
+    """k of a RECOMPUTE (module docstring): what one elementwise HBM byte of the forward costs in
+    FLOPs of its matmuls. With policy sac's measured recompute (memory-bound ops only) for the
+    shape: sac's bytes / its time is the elementwise rate, the rest of the measured forward the
+    matmuls' time; else the achieved FLOP rate over the HBM rate."""
+    m = wl.model
+    sac_s = hw.gpu.measured_sac_recompute_s(m.hidden, m.ffn, wl.seq_len, wl.micro_batch)
+    if sac_s is not None:
+        seg, tokens = segment_costs(m, wl.seq_len), wl.tokens_per_micro_batch
+        fwd_s = layer_times_s(hw, wl)["fwd"] / wl.accum_steps  # one micro-batch
+        s_per_byte = sac_s / (policy_cost(m, "sac", wl.seq_len).recompute_hbm_bytes * tokens)
+        matmul_s = fwd_s - sum(seg.fwd_hbm_bytes) * tokens * s_per_byte
+        if matmul_s > 0:  # else a measurement the forward cannot hold: not used
+            return s_per_byte * sum(seg.fwd_flops) * tokens / matmul_s
+    return hw.gpu.achieved_flops(m.hidden, wl.tokens_per_micro_batch) / hw.gpu.hbm_bps
+
+
 def _recompute_s(g: TaskGraph, hw: HardwareSpec, wl: Workload, fwd_s: float) -> np.ndarray:
     """RECOMPUTE seconds: fwd_s scaled by the task's share of the forward's work (docstring)."""
     m, tokens = wl.model, wl.tokens_per_gpu_step
-    k = hw.gpu.achieved_flops(m.hidden, wl.tokens_per_micro_batch) / hw.gpu.hbm_bps
+    k = flops_per_hbm_byte(hw, wl)
     seg = segment_costs(m, wl.seq_len)
     full = (sum(seg.fwd_flops) + k * sum(seg.fwd_hbm_bytes)) * tokens
     idx = np.flatnonzero(g.kind == int(Kind.RECOMPUTE))

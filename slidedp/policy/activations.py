@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from slidedp.graph.costs import flops_per_hbm_byte
 from slidedp.sim.simulator import simulate
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
@@ -46,7 +47,7 @@ class PolicyProfile:
 def profile_policies(hw: HardwareSpec, wl: Workload) -> list[PolicyProfile]:
     """Every policy (layer, none, sac, seg masks 0..127) costed by the model."""
     m = wl.model
-    k = hw.gpu.achieved_flops(m.hidden, wl.tokens_per_micro_batch) / hw.gpu.hbm_bps
+    k = flops_per_hbm_byte(hw, wl)
     pols = [LayerPolicy("layer"), LayerPolicy("none"), LayerPolicy("sac")]
     pols += [LayerPolicy("seg", mask) for mask in range(ALL_KEPT)]  # ALL_KEPT is none
     out = []

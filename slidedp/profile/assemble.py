@@ -112,9 +112,11 @@ class Assembler:
                     "achieved": [[int(h), int(t), g4(r / 1e12)] for h, t, r in g.achieved],
                     "sources": {k: self._from_base("gpu", k, why) for k in GPU_KEYS},
                     "layer_time": [{"hidden": lt.hidden, "ffn": lt.ffn, "seq": lt.seq,
-                                    "micro_batch": lt.micro_batch, "fwd_bwd_s": lt.fwd_bwd_s,
-                                    "source": f"from {b.origin}: not measured here ({why}); "
-                                              f"there: {lt.source}"} for lt in g.layer_times]}
+                                    "micro_batch": lt.micro_batch, "fwd_bwd_s": lt.fwd_bwd_s}
+                                   | ({} if lt.sac_recompute_s is None
+                                      else {"sac_recompute_s": lt.sac_recompute_s})
+                                   | {"source": f"from {b.origin}: not measured here ({why}); "
+                                                f"there: {lt.source}"} for lt in g.layer_times]}
         peak = b.gpu.peak_bf16_flops
         other = f" (its GPU: {b.gpu.model})" if b.gpu.model != m.gpu_model else ""
         t = {"model": m.gpu_model, "count": m.gpu_count, "hbm_gib": g4(m.hbm_bytes / GIB),
@@ -196,9 +198,15 @@ class Assembler:
                          f"{r.total_s / s0.total_s:.3f})")
                 if c0 is not None:
                     what += f", layer {c0.total_s * 1e3:.2f} ms"
-            out.append({"hidden": r.hidden, "ffn": r.ffn, "seq": r.seq,
-                        "micro_batch": r.micro_batch, "fwd_bwd_s": g4(r.total_s),
-                        "source": self.m.source(what)})
+            row = {"hidden": r.hidden, "ffn": r.ffn, "seq": r.seq,
+                   "micro_batch": r.micro_batch, "fwd_bwd_s": g4(r.total_s)}
+            sac = res.sac_recompute_s.get(key)
+            if sac is not None:
+                row["sac_recompute_s"] = g4(sac)
+                what += (f"; sac_recompute_s: policy sac's recompute (memory-bound ops only) "
+                         f"{sac * 1e3:.2f} ms, the executor's policy code "
+                         f"(exec/policy_profile.py), median of {sz.repeats}")
+            out.append(row | {"source": self.m.source(what)})
         return out
 
     # ---- pcie ------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 What is measured depends on the machine: the host always (its cast also by chunk size, into a
 pinned ring with CUDA); PCIe, the layer timings (short runs per policy, then one sustained
-back-to-back run per shape) and the matmul with CUDA; all-GPU PCIe runs, P2P and NCCL
+back-to-back run per shape, and policy sac's recompute with the executor's policy code) and the
+matmul with CUDA; all-GPU PCIe runs, P2P and NCCL
 collectives with two GPUs or more and a known fabric kind. Buffers are allocated by a setup step
 before a group and freed after it, so the timed steps only run kernels and copies.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from slidedp.exec.policy_profile import profile_layer_policy
 from slidedp.profile import compute, fabric, host, pcie
 from slidedp.profile.machine import Machine
 from slidedp.profile.sizes import MIB, Sizes
@@ -65,6 +67,9 @@ class Results:
     layers: list[compute.LayerTiming] = field(default_factory=list)  # short runs
     sustained: list[compute.LayerTiming] = field(default_factory=list)  # back to back, per policy
     layers_skipped: list[str] = field(default_factory=list)  # shapes that ran out of memory
+    # policy sac's recompute of one layer, by (model, seq, micro-batch): seconds, the executor's
+    # own policy code (exec/policy_profile.py), median of `repeats`
+    sac_recompute_s: dict[tuple[str, int, int], float] = field(default_factory=dict)
     matmul_flops_per_s: float = 0.0
     link_bps: float = 0.0
     cross_pair_bps: float = 0.0
@@ -240,6 +245,17 @@ class Profiler:
             else:
                 r.sustained += out
 
+        def sac_recompute(spec: ModelSpec, seq: int, mb: int):
+            try:
+                t = profile_layer_policy(spec.config, "sac", mb, seq, device="cuda",
+                                         dtype=torch.bfloat16, repeats=s.repeats).recompute_s
+            except torch.cuda.OutOfMemoryError:
+                r.layers_skipped.append(f"{spec.name} seq {seq} micro-batch {mb} policy sac")
+            else:
+                r.sac_recompute_s[(spec.name, seq, mb)] = t
+            finally:
+                torch.cuda.empty_cache()
+
         steps = [Step("bf16 matmul", matmul)]
         for spec in self.req.models:
             steps.append(Step(f"build one {spec.name} layer", lambda spec=spec: build(spec)))
@@ -250,6 +266,8 @@ class Profiler:
                               for p in ACTIVATION_POLICIES]
                     steps.append(Step(f"{spec.name} layer seq {q} mb {b} sustained",
                                       lambda a=(spec, q, b): sustained(*a)))
+                    steps.append(Step(f"{spec.name} layer seq {q} mb {b} sac recompute",
+                                      lambda a=(spec, q, b): sac_recompute(*a)))
         return [*steps, Step("free the layer", self._free_layer)] if self.req.models else steps
 
     def _free_layer(self) -> None:

@@ -8,7 +8,8 @@ Schema (units in names):
   [hardware]  name, description
   [gpu]       model, count, hbm_gib, hbm_gbps (memory bandwidth), peak_bf16_tflops, source
               achieved = [[hidden, tokens, tflops], ...]   achieved dense rate of one decoder layer
-              [[gpu.layer_time]] hidden, ffn, seq, micro_batch, fwd_bwd_s, source   (optional)
+              [[gpu.layer_time]] hidden, ffn, seq, micro_batch, fwd_bwd_s, source,
+                                 sac_recompute_s (optional)   (optional)
   [pcie]      h2d_gbps, d2h_gbps (one GPU, one direction), duplex_gbps (one GPU, both directions),
               all_h2d_gbps, all_d2h_gbps, all_total_gbps (all GPUs at once: host-side caps), source
               chunk_gbps = [[chunk_mib, h2d, d2h], ...]  (optional) one GPU alone, by copy size
@@ -77,6 +78,9 @@ class LayerTime:
     micro_batch: int
     fwd_bwd_s: float
     source: str
+    # policy sac's recompute of one micro-batch (memory-bound ops only: what prices the
+    # elementwise traffic of every recompute, graph/costs.py _recompute_s); None: not measured
+    sac_recompute_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,10 +113,21 @@ class GpuSpec:
 
     def measured_layer_s(self, hidden: int, ffn: int, seq: int, micro_batch: float) -> float | None:
         """Measured fwd+bwd time of one layer of this shape, linear in micro-batch; None if absent."""
+        return self._per_shape("fwd_bwd_s", hidden, ffn, seq, micro_batch)
+
+    def measured_sac_recompute_s(self, hidden: int, ffn: int, seq: int,
+                                 micro_batch: float) -> float | None:
+        """Measured recompute time of policy sac on one layer of this shape, linear in
+        micro-batch; None if absent."""
+        return self._per_shape("sac_recompute_s", hidden, ffn, seq, micro_batch)
+
+    def _per_shape(self, field: str, hidden: int, ffn: int, seq: int,
+                   micro_batch: float) -> float | None:
+        """A LayerTime field at this layer shape, linear in micro-batch; None if absent."""
         rows = sorted(
-            (lt.micro_batch, lt.fwd_bwd_s)
+            (lt.micro_batch, getattr(lt, field))
             for lt in self.layer_times
-            if (lt.hidden, lt.ffn, lt.seq) == (hidden, ffn, seq)
+            if (lt.hidden, lt.ffn, lt.seq) == (hidden, ffn, seq) and getattr(lt, field) is not None
         )
         if not rows:
             return None
@@ -304,8 +319,9 @@ def _gpu(t: Table) -> GpuSpec:
     lts = []
     if t.has("layer_time"):
         for s in t.subs("layer_time"):
+            sac = s.num("sac_recompute_s") if s.has("sac_recompute_s") else None
             lts.append(LayerTime(s.int("hidden"), s.int("ffn"), s.int("seq"), s.int("micro_batch"),
-                                 s.num("fwd_bwd_s"), s.str("source")))
+                                 s.num("fwd_bwd_s"), s.str("source"), sac))
             s.done()
     src = _sources(t, keys)
     t.done()
