@@ -62,3 +62,15 @@ def test_confirm_sweep_reruns_the_deciding_rows_interleaved(tmp_path):
     chosen = f"2:2:plan={plan}"
     assert cases == [chosen, grid[0], grid[1]] * 2  # the fastest other row: window 3
     assert "chosen against the fastest other row:" in p.stdout and "(default)" in p.stdout
+
+
+def test_recompute_model_check_on_the_stored_layer_timings():
+    """The stored nvidia-h200 per-policy layer timings (04:28, seq 16384): with sac's measured
+    recompute the model's recompute times are closer to the measured ones than with the HBM rate."""
+    p = _run("benchmarks/recompute_model_check.py",
+             "benchmarks/results/2026-12-01-h200-profile-0205.toml",
+             "benchmarks/results/2026-12-01-h200-autopolicy-4b-seq16384-0428/policy_layers.json")
+    assert p.returncode == 0, p.stderr
+    line = next(x for x in p.stdout.splitlines() if x.startswith("other policies"))
+    old, new = (float(v) for v in line.split("mean abs error ")[1].split(" ms")[0].split(" -> "))
+    assert new < 0.5 * old
