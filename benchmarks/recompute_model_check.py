@@ -1,13 +1,15 @@
 """The cost model's RECOMPUTE time per activation policy against one layer's measured recompute
 (benchmarks/policy_layers.py output), with and without policy sac's measured recompute in the
-hardware spec (gpu.layer_time sac_recompute_s, graph/costs.flops_per_hbm_byte). CPU only.
+hardware spec (gpu.layer_time sac_recompute_fraction, graph/costs.flops_per_hbm_byte). CPU only.
 
 usage: python3 benchmarks/recompute_model_check.py HARDWARE POLICY_LAYERS.json [...]
 Each file's model, micro-batch and sequence make the workload; its `layer` forward is the
 forward time both variants get (so the comparison is of the recompute split alone), its `sac`
-recompute the measured figure of the second. Prints a markdown table per file: measured,
-modelled without and with sac's figure, in ms, and the mean / largest absolute error over the
-policies other than the calibration points (layer, sac) and those that recompute nothing.
+recompute over sac's own forward (one run, as `slidedp profile` measures it) the fraction the
+second gets. Prints a markdown table per file: measured, modelled without and with sac's
+fraction, in ms, and the mean / largest absolute error over the policies other than the
+calibration points (layer, sac) and those that recompute nothing. In-sample: sac's figure comes
+from the run whose other policies it is checked against.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def check(hw, path: Path) -> list[str]:
     d = json.loads(path.read_text())
     m, mb, seq, pols = load_model(d["model"]), d["micro_batch"], d["seq"], d["policies"]
     lt = LayerTime(m.hidden, m.ffn, seq, mb, 3 * pols["layer"]["fwd_ms"] / 1e3, str(path))
+    frac = pols["sac"]["recompute_ms"] / pols["sac"]["fwd_ms"]  # one run, as the profile takes it
     variants = [dataclasses.replace(hw, gpu=dataclasses.replace(hw.gpu, layer_times=(x,)))
-                for x in (lt, dataclasses.replace(lt, sac_recompute_s=pols["sac"]["recompute_ms"] / 1e3))]
+                for x in (lt, dataclasses.replace(lt, sac_recompute_fraction=frac))]
     wl = Workload(m, seq, mb, mb, 1)
     out = [f"{d['model']} mb {mb} seq {seq} ({path})", "",
            "| policy | measured ms | model ms (HBM rate) | model ms (sac's rate) |",

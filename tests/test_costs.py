@@ -23,6 +23,7 @@ from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import LayerTime, load_hardware, parse_hardware, preset_dir
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, Plan, default_plan
+from slidedp.spec.segments import policy_cost, segment_costs
 from slidedp.spec.workload import Workload
 
 MIB = 2**20
@@ -208,16 +209,17 @@ def _recompute_ms(hw, wl, policy: str) -> float:
 
 @pytest.mark.parametrize("accum", [1, 3])
 def test_recompute_prices_elementwise_bytes_by_the_measured_sac(accum):
-    """With sac's measured recompute, `layer` recomputes one forward and `sac` its measured time
-    (per micro-batch, times the micro-batches), and a segment policy its FLOP share of the
-    forward's matmul time plus its elementwise bytes at sac's rate (Qwen3-4B seq 16384 on
-    nvidia-h200, 04:28: fwd 11.66 ms, sac 4.23 ms; seg:0b0100100 measured 5.39 ms, modelled
-    5.28; without sac's figure ~2.1)."""
+    """With sac's measured recompute fraction, `layer` recomputes one forward and `sac` that
+    fraction of it (per micro-batch, times the micro-batches), and a segment policy its FLOP
+    share of the forward's matmul time plus its elementwise bytes at sac's rate (Qwen3-4B seq
+    16384 on nvidia-h200, 04:28: fwd 11.66 ms, sac 4.23 ms; seg:0b0100100 measured 5.39 ms,
+    modelled 5.28; without sac's figure ~2.1)."""
     m = load_model("qwen3-4b")
     base = load_hardware("h200x1")
     lt = LayerTime(m.hidden, m.ffn, 16384, 1, 3 * 0.01166, "test")
     without = replace(base, gpu=replace(base.gpu, layer_times=(lt,)))
-    hw = replace(base, gpu=replace(base.gpu, layer_times=(replace(lt, sac_recompute_s=0.00423),)))
+    hw = replace(base, gpu=replace(base.gpu, layer_times=(
+        replace(lt, sac_recompute_fraction=4.23 / 11.66),)))
     wl = Workload(m, 16384, accum, 1, 1)
     assert _recompute_ms(hw, wl, "layer") == pytest.approx(11.66 * accum, rel=1e-6)
     assert _recompute_ms(hw, wl, "sac") == pytest.approx(4.23 * accum, rel=1e-6)
@@ -226,25 +228,39 @@ def test_recompute_prices_elementwise_bytes_by_the_measured_sac(accum):
     assert _recompute_ms(without, wl, "sac") < 0.5 * accum  # the HBM rate: a tenth of measured
 
 
-def test_a_sac_recompute_beyond_the_forward_falls_back():
-    """A sac recompute that leaves no matmul time in the forward (a bad measurement) is not
-    used: the FLOP + HBM share of the forward prices the recompute as without it."""
+def test_the_matmuls_never_run_above_the_gpus_peak():
+    """A sac fraction that would leave the matmuls less time than the forward's FLOPs need at the
+    GPU's peak (timings from two setups, noise) is held there: `layer` still recomputes one
+    forward, `sac` less than its fraction of it."""
     m = load_model("qwen3-4b")
     base = load_hardware("h200x1")
-    lt = LayerTime(m.hidden, m.ffn, 4096, 1, 0.009, "test")
+    lt = LayerTime(m.hidden, m.ffn, 4096, 1, 3 * 0.0026, "test", sac_recompute_fraction=0.85)
+    hw = replace(base, gpu=replace(base.gpu, layer_times=(lt,)))
     wl = Workload(m, 4096, 1, 1, 1)
-    odd = replace(base, gpu=replace(base.gpu, layer_times=(replace(lt, sac_recompute_s=0.05),)))
-    plain = replace(base, gpu=replace(base.gpu, layer_times=(lt,)))
-    assert _recompute_ms(odd, wl, "sac") == _recompute_ms(plain, wl, "sac")
+    assert _recompute_ms(hw, wl, "layer") == pytest.approx(2.6, rel=1e-6)
+    sac = _recompute_ms(hw, wl, "sac")
+    flops_ms = sum(segment_costs(m, 4096).fwd_flops) * 4096 / base.gpu.peak_bf16_flops * 1e3
+    assert sac < 0.85 * 2.6 and sac == pytest.approx(
+        (2.6 - flops_ms) * policy_cost(m, "sac", 4096).recompute_hbm_bytes
+        / sum(segment_costs(m, 4096).fwd_hbm_bytes), rel=1e-6)
 
 
-def test_sac_recompute_must_be_a_positive_number():
-    text = (preset_dir() / "h200x1.toml").read_text()
-    doc = tomllib.loads(text)
+@pytest.mark.parametrize("bad", [-1.0, 0.0, 1.0, 2.5])
+def test_sac_recompute_fraction_must_be_within_the_forward(bad):
+    doc = tomllib.loads((preset_dir() / "h200x1.toml").read_text())
     doc["gpu"]["layer_time"] = [{"hidden": 2560, "ffn": 9728, "seq": 4096, "micro_batch": 1,
-                                 "fwd_bwd_s": 0.009, "sac_recompute_s": -1.0, "source": "x"}]
-    with pytest.raises(SpecError, match="sac_recompute_s"):
+                                 "fwd_bwd_s": 0.009, "sac_recompute_fraction": bad, "source": "x"}]
+    with pytest.raises(SpecError, match=r"bad.toml.*layer_time\[0\]\.sac_recompute_fraction"):
         parse_hardware(doc, "bad.toml")
+
+
+def test_the_fraction_holds_at_the_measured_micro_batches_ends():
+    base = load_hardware("h200x1")
+    rows = tuple(LayerTime(2560, 9728, 4096, b, 0.01 * b, "t", sac_recompute_fraction=f)
+                 for b, f in ((1, 0.4), (4, 0.3)))
+    gpu = replace(base.gpu, layer_times=rows)
+    at = [gpu.measured_sac_recompute_fraction(2560, 9728, 4096, b) for b in (1, 2, 4, 8)]
+    assert at == pytest.approx([0.4, 0.4 - 0.1 / 3, 0.3, 0.3])
 
 
 def test_the_policy_shortlist_prices_recompute_as_the_costs_do():
@@ -254,7 +270,8 @@ def test_the_policy_shortlist_prices_recompute_as_the_costs_do():
 
     m = load_model("qwen3-4b")
     base = load_hardware("h200x1")
-    lt = LayerTime(m.hidden, m.ffn, 16384, 1, 3 * 0.01166, "test", sac_recompute_s=0.00423)
+    lt = LayerTime(m.hidden, m.ffn, 16384, 1, 3 * 0.01166, "test",
+                   sac_recompute_fraction=4.23 / 11.66)
     hw = replace(base, gpu=replace(base.gpu, layer_times=(lt,)))
     fractions = {p.name: p.recompute_fraction
                  for p in profile_policies(hw, Workload(m, 16384, 1, 1, 1))}

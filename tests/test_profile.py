@@ -474,12 +474,13 @@ def test_cast_by_chunk_assembles_with_dram_and_sources():
 
 def test_sac_recompute_is_written_with_its_layer_time():
     res = _fake_results()
-    res.sac_recompute_s[("qwen3-8b", 4096, 2)] = 0.0031
+    res.sac_recompute_fraction[("qwen3-8b", 4096, 2)] = 0.31
     hw = parse_hardware(tomllib.loads(dumps(Assembler(FAKE, _request(), res, load_hardware(
         "h200x1")).document("fake"))), "fake.toml")
-    assert [lt.sac_recompute_s for lt in hw.gpu.layer_times] == [None, 0.0031]
-    assert "sac_recompute_s: policy sac's recompute" in hw.gpu.layer_times[1].source
-    assert "sac_recompute_s" not in hw.gpu.layer_times[0].source
+    assert [lt.sac_recompute_fraction for lt in hw.gpu.layer_times] == [None, 0.31]
+    assert "sac_recompute_fraction: policy sac's recompute" in hw.gpu.layer_times[1].source
+    assert "/ its forward, 0.310" in hw.gpu.layer_times[1].source
+    assert "sac_recompute_fraction" not in hw.gpu.layer_times[0].source
 
 
 def test_sustained_layer_time_is_the_written_layer_time():

@@ -7,14 +7,14 @@ Durations are each task alone on its agent at the full rate of its resources (no
   RECOMPUTE               fwd time x the policy's recompute fraction: (recompute FLOPs + its
                           elementwise HBM bytes x k) / (the same for the whole forward); 1 for
                           whole-layer "layer". k (flops_per_hbm_byte): where the hardware has
-                          policy sac's measured recompute for the shape (gpu.layer_time
-                          sac_recompute_s; sac recomputes only memory-bound ops), the forward
-                          splits into elementwise time E = its elementwise bytes at sac's rate
-                          and matmul time M = fwd - E, and k = (1 / sac's rate) / (M / the
-                          forward's FLOPs): exact for "layer" and "sac" (nvidia-h200, Qwen3-4B:
-                          PyTorch's eager elementwise ops reach ~350-530 GB/s by the bytes
-                          spec/segments.py counts, a tenth of the HBM rate); else k = achieved
-                          rate / HBM rate
+                          policy sac's measured recompute / forward f for the shape (gpu.layer_time
+                          sac_recompute_fraction; sac recomputes only memory-bound ops), the
+                          forward splits into elementwise time E = its elementwise bytes at sac's
+                          rate and matmul time M = fwd - E (at most the GPU's peak rate), and
+                          k = (1 / sac's rate) / (M / the forward's FLOPs): sac then recomputes
+                          f x fwd (nvidia-h200, Qwen3-4B: PyTorch's eager elementwise ops reach
+                          ~350-530 GB/s by the bytes spec/segments.py counts, a tenth of the
+                          HBM rate); else k = achieved rate / HBM rate
   HEAD_LOSS               FLOPs / achieved rate;  EMBED_FWD / EMBED_BWD  bytes / HBM rate
   H2D, ACT_RELOAD         bytes / per-GPU H2D rate;  D2H, ACT_OFFLOAD  bytes / per-GPU D2H rate
   CAST                    elements / (cast rate(threads, chunk) x share);  ADAM  parameters /
@@ -160,18 +160,20 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
 
 def flops_per_hbm_byte(hw: HardwareSpec, wl: Workload) -> float:
     """k of a RECOMPUTE (module docstring): what one elementwise HBM byte of the forward costs in
-    FLOPs of its matmuls. With policy sac's measured recompute (memory-bound ops only) for the
-    shape: sac's bytes / its time is the elementwise rate, the rest of the measured forward the
-    matmuls' time; else the achieved FLOP rate over the HBM rate."""
+    FLOPs of its matmuls. With policy sac's measured recompute fraction f for the shape (sac
+    recomputes memory-bound ops only): the forward's elementwise bytes at sac's rate take
+    f x fwd x (forward bytes / sac bytes), the matmuls the rest, never faster than the GPU's
+    peak; else the achieved FLOP rate over the HBM rate."""
     m = wl.model
-    sac_s = hw.gpu.measured_sac_recompute_s(m.hidden, m.ffn, wl.seq_len, wl.micro_batch)
-    if sac_s is not None:
+    f = hw.gpu.measured_sac_recompute_fraction(m.hidden, m.ffn, wl.seq_len, wl.micro_batch)
+    if f is not None:
         seg, tokens = segment_costs(m, wl.seq_len), wl.tokens_per_micro_batch
+        flops, hbm = sum(seg.fwd_flops) * tokens, sum(seg.fwd_hbm_bytes) * tokens
+        sac_hbm = policy_cost(m, "sac", wl.seq_len).recompute_hbm_bytes * tokens
         fwd_s = layer_times_s(hw, wl)["fwd"] / wl.accum_steps  # one micro-batch
-        s_per_byte = sac_s / (policy_cost(m, "sac", wl.seq_len).recompute_hbm_bytes * tokens)
-        matmul_s = fwd_s - sum(seg.fwd_hbm_bytes) * tokens * s_per_byte
-        if matmul_s > 0:  # else a measurement the forward cannot hold: not used
-            return s_per_byte * sum(seg.fwd_flops) * tokens / matmul_s
+        matmul_s = max(fwd_s * (1 - f * hbm / sac_hbm), flops / hw.gpu.peak_bf16_flops)
+        if matmul_s < fwd_s:
+            return (fwd_s - matmul_s) / hbm * flops / matmul_s
     return hw.gpu.achieved_flops(m.hidden, wl.tokens_per_micro_batch) / hw.gpu.hbm_bps
 
 

@@ -13,7 +13,9 @@ slowest GPU's); DRAM, the best copy rate over thread counts; fabric efficiency, 
 the largest message. Layer times are policy `none` (fwd with autograd + bwd: what fwd_bwd_s
 means to the cost model, which takes recompute = fwd / 3 of it), the sustained run's steady time
 where it ran (else the short runs' median); the `layer` policy time and the short runs are
-quoted in each row's source. `achieved` = counted FLOPs / that time, the median where several
+quoted in each row's source; sac_recompute_fraction, where measured, is policy sac's recompute
+over its forward (the executor's policy code, one run), which prices the elementwise part of
+every recompute (graph/costs.py flops_per_hbm_byte). `achieved` = counted FLOPs / that time, the median where several
 shapes share (hidden, tokens). The cast by chunk size is host.cast_chunk_gelem_per_s.
 """
 
@@ -113,8 +115,8 @@ class Assembler:
                     "sources": {k: self._from_base("gpu", k, why) for k in GPU_KEYS},
                     "layer_time": [{"hidden": lt.hidden, "ffn": lt.ffn, "seq": lt.seq,
                                     "micro_batch": lt.micro_batch, "fwd_bwd_s": lt.fwd_bwd_s}
-                                   | ({} if lt.sac_recompute_s is None
-                                      else {"sac_recompute_s": lt.sac_recompute_s})
+                                   | ({} if lt.sac_recompute_fraction is None
+                                      else {"sac_recompute_fraction": lt.sac_recompute_fraction})
                                    | {"source": f"from {b.origin}: not measured here ({why}); "
                                                 f"there: {lt.source}"} for lt in g.layer_times]}
         peak = b.gpu.peak_bf16_flops
@@ -200,12 +202,13 @@ class Assembler:
                     what += f", layer {c0.total_s * 1e3:.2f} ms"
             row = {"hidden": r.hidden, "ffn": r.ffn, "seq": r.seq,
                    "micro_batch": r.micro_batch, "fwd_bwd_s": g4(r.total_s)}
-            sac = res.sac_recompute_s.get(key)
+            sac = res.sac_recompute_fraction.get(key)
             if sac is not None:
-                row["sac_recompute_s"] = g4(sac)
-                what += (f"; sac_recompute_s: policy sac's recompute (memory-bound ops only) "
-                         f"{sac * 1e3:.2f} ms, the executor's policy code "
-                         f"(exec/policy_profile.py), median of {sz.repeats}")
+                row["sac_recompute_fraction"] = g4(sac)
+                what += (f"; sac_recompute_fraction: policy sac's recompute (memory-bound ops "
+                         f"only) / its forward, {sac:.3f}, both timed in one run of the "
+                         f"executor's policy code (exec/policy_profile.py), medians of "
+                         f"{sz.repeats}")
             out.append(row | {"source": self.m.source(what)})
         return out
 

@@ -67,9 +67,9 @@ class Results:
     layers: list[compute.LayerTiming] = field(default_factory=list)  # short runs
     sustained: list[compute.LayerTiming] = field(default_factory=list)  # back to back, per policy
     layers_skipped: list[str] = field(default_factory=list)  # shapes that ran out of memory
-    # policy sac's recompute of one layer, by (model, seq, micro-batch): seconds, the executor's
-    # own policy code (exec/policy_profile.py), median of `repeats`
-    sac_recompute_s: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    # policy sac's recompute / forward of one layer, by (model, seq, micro-batch), both from one
+    # run of the executor's own policy code (exec/policy_profile.py), medians of `repeats`
+    sac_recompute_fraction: dict[tuple[str, int, int], float] = field(default_factory=dict)
     matmul_flops_per_s: float = 0.0
     link_bps: float = 0.0
     cross_pair_bps: float = 0.0
@@ -248,11 +248,11 @@ class Profiler:
         def sac_recompute(spec: ModelSpec, seq: int, mb: int):
             try:
                 t = profile_layer_policy(spec.config, "sac", mb, seq, device="cuda",
-                                         dtype=torch.bfloat16, repeats=s.repeats).recompute_s
+                                         dtype=torch.bfloat16, repeats=s.repeats)
             except torch.cuda.OutOfMemoryError:
                 r.layers_skipped.append(f"{spec.name} seq {seq} micro-batch {mb} policy sac")
             else:
-                r.sac_recompute_s[(spec.name, seq, mb)] = t
+                r.sac_recompute_fraction[(spec.name, seq, mb)] = t.recompute_s / t.fwd_s
             finally:
                 torch.cuda.empty_cache()
 

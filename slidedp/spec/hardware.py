@@ -8,8 +8,9 @@ Schema (units in names):
   [hardware]  name, description
   [gpu]       model, count, hbm_gib, hbm_gbps (memory bandwidth), peak_bf16_tflops, source
               achieved = [[hidden, tokens, tflops], ...]   achieved dense rate of one decoder layer
-              [[gpu.layer_time]] hidden, ffn, seq, micro_batch, fwd_bwd_s, source,
-                                 sac_recompute_s (optional)   (optional)
+              [[gpu.layer_time]] hidden, ffn, seq, micro_batch, fwd_bwd_s (one micro-batch),
+                                 source, sac_recompute_fraction (optional: policy sac's
+                                 recompute / its forward)   (optional)
   [pcie]      h2d_gbps, d2h_gbps (one GPU, one direction), duplex_gbps (one GPU, both directions),
               all_h2d_gbps, all_d2h_gbps, all_total_gbps (all GPUs at once: host-side caps), source
               chunk_gbps = [[chunk_mib, h2d, d2h], ...]  (optional) one GPU alone, by copy size
@@ -70,7 +71,8 @@ def log_between(keys: list[float], x: float, value: Callable[[float], float]) ->
 
 @dataclass(frozen=True)
 class LayerTime:
-    """A measured forward+backward time of one decoder layer of a given shape."""
+    """A measured forward+backward time of one decoder layer of a given shape (seconds, one
+    micro-batch), and optionally policy sac's recompute as a fraction of its own forward."""
 
     hidden: int
     ffn: int
@@ -78,9 +80,10 @@ class LayerTime:
     micro_batch: int
     fwd_bwd_s: float
     source: str
-    # policy sac's recompute of one micro-batch (memory-bound ops only: what prices the
-    # elementwise traffic of every recompute, graph/costs.py _recompute_s); None: not measured
-    sac_recompute_s: float | None = None
+    # policy sac's recompute time / its forward time, both timed in one run of the executor's
+    # policy code (sac recomputes only memory-bound ops: it prices the elementwise bytes of every
+    # recompute, graph/costs.py flops_per_hbm_byte); in (0, 1); None: not measured
+    sac_recompute_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,15 +118,17 @@ class GpuSpec:
         """Measured fwd+bwd time of one layer of this shape, linear in micro-batch; None if absent."""
         return self._per_shape("fwd_bwd_s", hidden, ffn, seq, micro_batch)
 
-    def measured_sac_recompute_s(self, hidden: int, ffn: int, seq: int,
-                                 micro_batch: float) -> float | None:
-        """Measured recompute time of policy sac on one layer of this shape, linear in
-        micro-batch; None if absent."""
-        return self._per_shape("sac_recompute_s", hidden, ffn, seq, micro_batch)
+    def measured_sac_recompute_fraction(self, hidden: int, ffn: int, seq: int,
+                                        micro_batch: float) -> float | None:
+        """Measured sac recompute / forward of one layer of this shape, linear between measured
+        micro-batches, the nearest one's outside them; None if absent."""
+        return self._per_shape("sac_recompute_fraction", hidden, ffn, seq, micro_batch,
+                               proportional=False)
 
-    def _per_shape(self, field: str, hidden: int, ffn: int, seq: int,
-                   micro_batch: float) -> float | None:
-        """A LayerTime field at this layer shape, linear in micro-batch; None if absent."""
+    def _per_shape(self, field: str, hidden: int, ffn: int, seq: int, micro_batch: float,
+                   proportional: bool = True) -> float | None:
+        """A LayerTime field at this layer shape, linear in micro-batch (proportional to it from
+        a single row; a fraction is not: held at the measured micro-batches' ends)."""
         rows = sorted(
             (lt.micro_batch, getattr(lt, field))
             for lt in self.layer_times
@@ -131,6 +136,8 @@ class GpuSpec:
         )
         if not rows:
             return None
+        if not proportional:
+            micro_batch = min(max(micro_batch, rows[0][0]), rows[-1][0])
         if len(rows) == 1:
             return rows[0][1] * micro_batch / rows[0][0]
         # time per sample from the curve of time against batch (linear between points,
@@ -319,7 +326,12 @@ def _gpu(t: Table) -> GpuSpec:
     lts = []
     if t.has("layer_time"):
         for s in t.subs("layer_time"):
-            sac = s.num("sac_recompute_s") if s.has("sac_recompute_s") else None
+            sac = None
+            if s.has("sac_recompute_fraction"):
+                sac = s.num("sac_recompute_fraction")
+                if not sac < 1:
+                    raise SpecError(s.where, s._name("sac_recompute_fraction"),
+                                    f"a fraction of the forward in (0, 1), got {sac!r}")
             lts.append(LayerTime(s.int("hidden"), s.int("ffn"), s.int("seq"), s.int("micro_batch"),
                                  s.num("fwd_bwd_s"), s.str("source"), sac))
             s.done()

@@ -245,8 +245,9 @@ def recompute_fraction(
     """Recompute time / forward time of one layer: (FLOPs + HBM bytes x flops_per_hbm_byte) of the
     recomputed work over the same for the whole forward; 1 for "layer", 0 for "none".
 
-    flops_per_hbm_byte: the GPU's achieved FLOP/s over its HBM bytes/s (costs.py supplies it).
-    """
+    flops_per_hbm_byte: what one elementwise HBM byte costs in FLOPs of the forward's matmuls
+    (graph/costs.py flops_per_hbm_byte supplies it: from policy sac's measured recompute where
+    the hardware has it, else the achieved FLOP/s over the HBM bytes/s)."""
     c = segment_costs(m, seq, layer)
     pc = policy_cost(m, policy, seq, layer)
     full = sum(c.fwd_flops) + sum(c.fwd_hbm_bytes) * flops_per_hbm_byte
