@@ -4,14 +4,15 @@ benchmarks/autopolicy_vs_sweep.sh screens AutoPolicy's choice against a grid wit
 per plan (6 steps), whose spread on the nvidia-h200 hosts is ~5% (2026-12-01 04:28: one plan
 measured 1.957 and 1.857 s in one run), as large as the 2% the comparison is about. This script
 measures again the rows that decide it: the chosen plan (the case with `plan=`), the default plan
-(the grid's first row, as autopolicy_vs_sweep.sh lists it) and the --top fastest other rows, each
+(the grid's first row, as autopolicy_vs_sweep.sh lists it) and the --top fastest other rows (not
+the chosen plan itself where the grid holds it; within --cap-gib where AutoPolicy had a cap), each
 --iters steps with the mean of those after --discard (the protocol: 15 and 8), --runs times,
 the runs interleaved (A B C A B C) so that a drift of the host hits every row alike. It runs
 benchmarks/multi_gpu.py (one process, one host state) and prints a table: each row's runs and
 their mean, the chosen plan against the fastest other row and against the default.
 
 usage: python3 benchmarks/confirm_sweep.py SWEEP.jsonl OUT.jsonl [--plan PLAN.toml] [--top 2]
-           [--iters 15] [--discard 8] [--runs 2] [--device cuda]
+           [--iters 15] [--discard 8] [--runs 2] [--device cuda] [--cap-gib G]
 --plan: the chosen plan's TOML where the sweep's path is gone (a new device call).
 """
 
@@ -31,8 +32,21 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def pick_cases(rows: list[dict], top: int, plan: str | None) -> tuple[str, str, list[str]]:
-    """(chosen, default, the `top` fastest other cases) of a sweep's measured rows."""
+ROUTE_FIELDS = ("param_route", "grad_route", "update_sharding")  # one route on one GPU
+
+
+def same_plan(a: dict, b: dict) -> bool:
+    """Two rows run one plan (on one GPU the route fields make no difference)."""
+    drop = ROUTE_FIELDS if a.get("ranks", 1) == 1 else ()
+    return ({k: v for k, v in a["plan"].items() if k not in drop}
+            == {k: v for k, v in b["plan"].items() if k not in drop})
+
+
+def pick_cases(rows: list[dict], top: int, plan: str | None,
+               cap_gib: float | None = None) -> tuple[str, str, list[str], list[str]]:
+    """(chosen, default, the `top` fastest other cases, the grid cases that are the chosen plan
+    itself) of a sweep's measured rows; with cap_gib, grid rows whose GPU peak exceeded it are
+    left out (the grid is run uncapped)."""
     measured = [r for r in rows if "step_s" in r]
     chosen = [r for r in measured if "plan=" in r["case"]]
     if len(chosen) != 1:
@@ -42,9 +56,12 @@ def pick_cases(rows: list[dict], top: int, plan: str | None) -> tuple[str, str, 
         raise SystemExit("no grid rows besides the chosen plan")
     case = chosen[0]["case"]
     if plan is not None:
-        case = re.sub(r"plan=[^:]+", f"plan={plan}", case)
-    others = sorted(grid[1:], key=lambda r: r["step_s"])[:top]
-    return case, grid[0]["case"], [r["case"] for r in others]
+        case = re.sub(r"plan=[^:]+", lambda _: f"plan={plan}", case)
+    twins = [r for r in grid[1:] if same_plan(r, chosen[0])]
+    fits = [r for r in grid[1:] if r not in twins
+            and (cap_gib is None or (r.get("gpu_peak_gib") or 0.0) <= cap_gib)]
+    others = sorted(fits, key=lambda r: r["step_s"])[:top]
+    return case, grid[0]["case"], [r["case"] for r in others], [r["case"] for r in twins]
 
 
 def summary(rows: list[dict], chosen: str, default: str) -> list[str]:
@@ -73,9 +90,12 @@ def main() -> int:
     ap.add_argument("--discard", type=int, default=8)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--cap-gib", type=float, help="AutoPolicy's --gpu-memory-cap-gib, if any")
     a = ap.parse_args()
     rows = _rows(a.sweep)
-    chosen, default, others = pick_cases(rows, a.top, a.plan)
+    chosen, default, others, twins = pick_cases(rows, a.top, a.plan, a.cap_gib)
+    for t in twins:
+        print(f"grid row {t} is the chosen plan itself: not measured again as an 'other' row")
     first = next(r for r in rows if "step_s" in r)
     cases = [chosen, default, *others] * a.runs
     cmd = [sys.executable, str(HERE / "multi_gpu.py"), str(a.out), first["model"],

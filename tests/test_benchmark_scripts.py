@@ -43,24 +43,31 @@ def test_multi_gpu_benchmark_runs_cases_with_plan_overrides(tmp_path):
 
 def test_confirm_sweep_reruns_the_deciding_rows_interleaved(tmp_path):
     """confirm_sweep.py picks the chosen plan (given a new path), the default (the grid's first
-    row) and the fastest other row of a sweep, runs them interleaved --runs times and prints the
-    ratios from the means."""
+    row) and the fastest other row of a sweep (not the grid's copy of the chosen plan, not a row
+    over the cap), runs them interleaved --runs times and prints the ratios from the means."""
     plan = tmp_path / "plan.toml"
     plan.write_text('[plan]\nparam_route = "replicated"\nwindow_slots = 2\n')
-    grid = ["2:2:sharded:gpu:rank0:window_slots=2", "2:2:sharded:gpu:rank0:window_slots=3",
-            "2:2:replicated:gpu:rank0:window_slots=2"]
+    grid = [("2:2:sharded:gpu:rank0:window_slots=3", 3.0, 1.0, 3),  # the default: first
+            ("2:2:sharded:gpu:rank0:window_slots=2", 0.9, 1.0, 2),  # the chosen plan itself
+            ("2:2:replicated:gpu:rank0:window_slots=4", 1.2, 9.0, 4),  # over a cap of 5 GiB
+            ("2:2:sharded:gpu:rank0:window_slots=5", 1.5, 1.0, 5),
+            ("2:2:replicated:gpu:rank0:window_slots=6", 2.0, 1.0, 6)]
     sweep = tmp_path / "sweep.jsonl"
-    rows = [{"case": "2:2:plan=/gone/plan.toml", "step_s": 1.0, "model": "tiny-qwen3", "seq": 32}]
-    rows += [{"case": c, "step_s": s, "model": "tiny-qwen3", "seq": 32}
-             for c, s in zip(grid, (3.0, 1.5, 2.0), strict=True)]
+    common = {"model": "tiny-qwen3", "seq": 32, "ranks": 1}
+    rows = [{"case": "2:2:plan=/gone/plan.toml", "step_s": 1.0, "gpu_peak_gib": 1.0,
+             "plan": {"param_route": "replicated", "window_slots": 2}} | common]
+    rows += [{"case": c, "step_s": t, "gpu_peak_gib": g, "plan": {
+        "param_route": c.split(":")[2], "window_slots": w}} | common for c, t, g, w in grid]
     sweep.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "confirm.jsonl"
     p = _run("benchmarks/confirm_sweep.py", str(sweep), str(out), "--plan", str(plan),
-             "--top", "1", "--iters", "2", "--discard", "1", "--runs", "2", "--device", "cpu")
+             "--top", "1", "--iters", "2", "--discard", "1", "--runs", "2", "--device", "cpu",
+             "--cap-gib", "5")
     assert p.returncode == 0, p.stderr
     cases = [json.loads(line)["case"] for line in out.read_text().splitlines()]
     chosen = f"2:2:plan={plan}"
-    assert cases == [chosen, grid[0], grid[1]] * 2  # the fastest other row: window 3
+    assert cases == [chosen, grid[0][0], grid[3][0]] * 2
+    assert f"grid row {grid[1][0]} is the chosen plan itself" in p.stdout
     assert "chosen against the fastest other row:" in p.stdout and "(default)" in p.stdout
 
 

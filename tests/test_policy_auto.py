@@ -199,6 +199,29 @@ def test_the_mix_probe_starts_only_where_it_ends_within_the_limit(monkeypatch, l
     assert rep.selection_s <= limit_s
 
 
+def test_the_probes_host_state_is_prepared_only_once_a_plan_fits():
+    """auto_plan asks the probe to start building its host state after the route ranking found
+    a plan that fits the machine (host memory included), never before, never for a cap that
+    nothing fits."""
+    hw, wl = _tiny()
+    events = []
+
+    class Probe:
+        def prepare(self):
+            events.append("prepare")
+
+        def __call__(self, plan):
+            events.append("probe")
+            return 1.0
+
+    auto_plan(hw, wl, 40 * GIB, probe=Probe(), probe_device="fake")
+    assert events[0] == "prepare" and events.count("prepare") == 1 and "probe" in events
+    events.clear()
+    with pytest.raises(InfeasiblePlan):
+        auto_plan(hw, wl, 1e6, probe=Probe(), probe_device="fake")
+    assert events == []
+
+
 def test_no_mix_probe_without_a_measured_route():
     """Every finalist refused by the probe: nothing to compare the mix with, so it is not probed
     (it could not be rejected) and the report says so."""

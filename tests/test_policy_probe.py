@@ -55,10 +55,10 @@ def test_probe_measures_plans_on_one_host_state_and_reports_refusals():
     assert pr.full.hs is None  # closed
 
 
-def test_entering_builds_the_full_host_state_in_the_background(monkeypatch):
-    """`with ExecutorProbe` starts building the whole model's host state at once, in a thread of
-    its own; the first measurement waits for it (the wait is setup, not the probe's cost), and a
-    failed build comes out of the first measurement."""
+def test_prepare_builds_the_full_host_state_in_the_background(monkeypatch):
+    """prepare() starts building the whole model's host state in a thread of its own; the first
+    measurement waits for it (the wait is setup, not the probe's cost), and a failed build comes
+    out of the first measurement."""
     wl = Workload(load_model("tiny-qwen3"), 32, 4, 2, 1)
     real, gate, builders = probe_mod.random_host_state, threading.Event(), []
 
@@ -69,6 +69,7 @@ def test_entering_builds_the_full_host_state_in_the_background(monkeypatch):
 
     monkeypatch.setattr(probe_mod, "random_host_state", gated)
     with ExecutorProbe(wl, "cpu") as pr:
+        pr.prepare()
         deadline = time.monotonic() + 10
         while not builders and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -83,6 +84,7 @@ def test_entering_builds_the_full_host_state_in_the_background(monkeypatch):
 
     monkeypatch.setattr(probe_mod, "random_host_state", broken)
     with ExecutorProbe(wl, "cpu") as pr, pytest.raises(OSError, match="/dev/shm"):
+        pr.prepare()
         pr(ROUTE)
 
 
@@ -129,12 +131,12 @@ def test_marginal_cost_runs_the_reduced_pipeline_only_for_policies_the_executor_
     with ExecutorProbe(wl, "cpu") as pr:
         monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: False)
         assert pr.marginal_s(ROUTE, "sac") is None
-        assert pr.reduced.hs is None  # nothing built for a refusal (the full one: entering)
+        assert pr.reduced.hs is None and pr.full.hs is None  # nothing built for a refusal
         # `layer` against itself: the machinery end to end; whatever the timing noise of the
         # two reduced steps, one layer's compute does not change, so neither does the cost
         monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: True)
         d = pr.marginal_s(ROUTE, "layer")
-        assert d == 0.0 and pr.reduced.hs is not None and pr.reduced.hs is not pr.full.hs
+        assert d == 0.0 and pr.reduced.hs is not None and pr.full.hs is None
         assert pr.reduced.wl.model.n_layers == REDUCED_LAYERS and len(pr._t0) == 1
         assert 0 < next(iter(pr._t0.values())) < 60  # the reduced step itself was measured
 

@@ -30,6 +30,9 @@ simulator ranking in seconds and real probes spent only on confirming the finali
   within the limit: measured slower than its all-`layer` route, the
   policy mix is rejected and every layer kept on `layer`. The report says whether the probes
   confirmed or overturned the simulator's choice.
+A probe with a prepare() method (policy/probe.py) is asked to start building what it runs on
+once the route ranking has found a plan that fits, so that the build overlaps the simulated
+stages.
 The cap is applied by lowering the hardware's HBM size to min(HBM, cap) for every check.
 """
 
@@ -196,8 +199,9 @@ def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
     dropped while any was measured. With a deadline
     (time.perf_counter() seconds), a probe starts only while the selection can still end in
     time: the longest probe so far, for this one and for the chosen mix's, fits before it; until
-    a finalist has been measured, probes always run. A probe's one-off setup (the host state its
-    first call builds: the probe's `setup_s`, where it has one) does not count as its cost.
+    a finalist has been measured, probes always run. A probe's one-off setup (building the host
+    state, or waiting for its background build: the probe's `setup_s`, where it has one) does
+    not count as its cost.
     Finalists left unprobed leave the choice, and the report says so."""
     out, longest = [], 0.0
     for f in finalists:
@@ -247,6 +251,8 @@ def auto_plan(
     except InfeasiblePlan:
         rep.notes.append("the default plan does not fit the cap")
     rep.routes = _route_ranking(hw, wl, base, rep.notes)
+    if probe is not None and hasattr(probe, "prepare"):  # a plan fits: build what probes run on
+        probe.prepare()
     routes = _finalist_routes(hw, wl, rep.routes)
     lap = rep.stage_timer(start)
     lap("route ranking")

@@ -3,10 +3,13 @@
 probes). The only module of slidedp.policy that needs torch; auto.py takes its methods as plain
 callables.
 
-ExecutorProbe(model, workload, device), a context manager, random weights; entering it starts
-building the whole model's host state in a background thread (every selection with probes
-probes at least one finalist on it), so that it overlaps AutoPolicy's simulated stages; every
-measurement first waits for that build, so that no measurement runs beside it:
+ExecutorProbe(model, workload, device), a context manager, random weights:
+  prepare()              start building the whole model's host state in a background thread
+                         (every selection with probes probes at least one finalist on it), so
+                         that it overlaps AutoPolicy's simulated stages; auto_plan calls it once
+                         the route ranking has found a plan that fits (host memory included).
+                         Every measurement first waits for that build (no measurement runs beside
+                         it); without prepare() the first probe builds it
   setup_s                seconds spent building host states, or waiting for the background
                          build, so far (AutoPolicy's time limit leaves it out of a probe's cost)
   probe(plan)            measured steady seconds per step of `plan` on the whole model: STEPS
@@ -148,10 +151,14 @@ class ExecutorProbe:
         self._waited_s = 0.0  # for the background build
 
     def __enter__(self) -> ExecutorProbe:
-        self._prebuild = threading.Thread(target=self._build_full, name="probe-host-state",
-                                          daemon=True)
-        self._prebuild.start()
         return self
+
+    def prepare(self) -> None:
+        """Start building the whole model's host state in the background (module docstring)."""
+        if self._prebuild is None and self.full.hs is None:
+            self._prebuild = threading.Thread(target=self._build_full, name="probe-host-state",
+                                              daemon=True)
+            self._prebuild.start()
 
     def _build_full(self) -> None:
         try:
@@ -180,11 +187,13 @@ class ExecutorProbe:
         self.close()
 
     def close(self) -> None:
-        if self._prebuild is not None:
-            self._prebuild.join()
-            self._prebuild = None
-        self.full.close()
-        self.reduced.close()
+        try:
+            if self._prebuild is not None:  # not cancellable: waits for the build to end
+                self._prebuild.join()
+                self._prebuild = None
+        finally:
+            self.full.close()
+            self.reduced.close()
 
     def _measured(self, pipe: _Pipeline, plan: Plan) -> float | None:
         """The plan's step time, or None with the reason in `refusals`. Each probe starts with
@@ -194,12 +203,12 @@ class ExecutorProbe:
         Out of memory, the probe runs once more after the same release: a plan near the cap
         fits alone (a 4B mb-6 mix at 137 of 139.8 GiB, nvidia-h200-x2) but not beside what the
         failed attempt still holds."""
-        self._ready()
         for attempt in range(2):
             gc.collect()
             if self.device == "cuda":
                 torch.cuda.empty_cache()
             try:
+                self._ready()
                 return pipe.step_s(plan)
             except SpecError as e:
                 self.refusals.append(str(e))

@@ -82,7 +82,11 @@ def random_host_state(model_config: dict, copy_dtype: torch.dtype | None,
     if session is not None:
         return session.host_state(numels, copy_dtype, init=lambda s: fill_random(init, layout, s))
     hs = HostState.create(numels, copy_dtype)
-    fill_random(init, layout, hs)
+    try:
+        fill_random(init, layout, hs)
+    except BaseException:  # no shared-memory files left behind by a failed fill
+        hs.close()
+        raise
     return hs
 
 
