@@ -23,19 +23,25 @@
 #   HW=PROFILE [MODEL=qwen3-8b] bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # AutoPolicy vs sweep
 #   bash benchmarks/next_gpu_session.sh ap-confirm OUT DIR  # an `ap` result DIR's deciding rows
 #                                                      #   again by the protocol (confirm_sweep.py)
+#   bash benchmarks/next_gpu_session.sh probe-state OUT  # any H200: a probe's host state (a few
+#                                                      #   layers of memory) against the whole one:
+#                                                      #   build seconds, step time of 4B mb 1 and 4
 #   bash benchmarks/next_gpu_session.sh chunk-cost OUT # the executor's per-chunk cast cost: a profile,
 #                                                      #   the cast under each load, GIL switch interval
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-# Left after the 2026-12-01 04:41 calls, in order: `ap-confirm` of the seq-16384 and mb-1 `ap`
-# results (their sweeps are one 6-step run per plan, ~5% spread), `MODEL=qwen3-8b ap 4` on nvidia-h200-x2 with a
-# fresh x2 profile (issue 8 at 8B with the whole-plan scoring, the background host-state build and
-# 3-step probes: the 8B selection took 70 s before), `h200` (issue 6: the h200 4B validation cases
-# on a profile with the cast's share), `h200-ratio` with its profile (issue 4: 0.904 at mb 5 on one
-# lease, 0.830 by the protocol on a slow one: say which host each ratio had), `x4` / x8 when lent
-# (issue 7), each with 10 steps where the call allows.
+# Left after the 2026-12-01 04:41 calls (the 06:04 session had no device time), in order:
+# `probe-state` (the probes' shared-layer host state against the whole one on a GPU host, ~3 min),
+# `ap-confirm` of the seq-16384 and mb-1 `ap` results (their sweeps are one 6-step run per plan,
+# ~5% spread), `MODEL=qwen3-8b ap 4` (issue 8 at 8B with the whole-plan scoring, the shared-layer
+# probe state and 3-step probes: the 8B selection took 70 s before; on nvidia-h200-x2 with a fresh
+# x2 profile, or on nvidia-h200, whose 125 GiB now hold the probes' 24 GB state and then the
+# sweep's 98 GB one), `h200` (issue 6: the h200 4B validation cases on a profile with the cast's
+# share), `h200-ratio` with its profile (issue 4: 0.904 at mb 5 on one lease, 0.830 by the
+# protocol on a slow one: say which host each ratio had), `x4` / x8 when lent (issue 7), each with
+# 10 steps where the call allows.
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
@@ -155,6 +161,12 @@ ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against 
     # AutoPolicy's --gpu-memory-cap-gib
     HW=${HW:?set HW to a profile TOML of this machine} bash benchmarks/autopolicy_vs_sweep.sh \
         "$OUT/ap" "${MODEL:-qwen3-4b}" "${3:-6}" "${4:-4096}" ;;
+probe-state)  # any H200, ~3 min: AutoPolicy's probe state (policy/probe.py DISTINCT_LAYERS) times
+    # the executor as the whole state does? Qwen3-4B host-bound (mb 1) and GPU-bound (mb 4)
+    python3 benchmarks/probe_state_check.py "$OUT/probe-state-4b-mb1.json" --model qwen3-4b \
+        --micro-batch 1 --iters 6 --discard 2 --runs 2
+    python3 benchmarks/probe_state_check.py "$OUT/probe-state-4b-mb4.json" --model qwen3-4b \
+        --micro-batch 4 --window-slots 36 --iters 6 --discard 2 --runs 2 ;;
 ap-confirm)  # any H200: the rows that decide an `ap` comparison measured again by the protocol
     # (15 steps, mean of the last 7, two interleaved runs; benchmarks/confirm_sweep.py), e.g.
     # `ap-confirm OUT benchmarks/results/2026-12-01-h200-autopolicy-4b-seq16384-0428` (~6 min)
@@ -172,6 +184,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|ap|ap-confirm|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|ap-confirm|rows|x4 OUT" >&2
     exit 2 ;;
 esac

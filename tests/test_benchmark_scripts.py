@@ -41,6 +41,19 @@ def test_multi_gpu_benchmark_runs_cases_with_plan_overrides(tmp_path):
     assert 0 <= idle < row["all_steps_s"][-1]
 
 
+def test_probe_state_check_times_both_states_interleaved(tmp_path):
+    out = tmp_path / "ps.json"
+    p = _run("benchmarks/probe_state_check.py", str(out), "--model", "tiny-qwen3", "--seq", "32",
+             "--device", "cpu", "--iters", "2", "--discard", "1", "--runs", "2",
+             "--distinct-layers", "1")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(out.read_text())
+    assert set(d["build_s"]) == {"whole", "shared"} and d["distinct_layers"] == 1
+    assert all(len(v) == 2 and min(v) > 0 for v in d["runs_s"].values())
+    assert all(len(v) == 2 for kinds in d["host_passes_s"].values() for v in kinds.values())
+    assert d["shared_over_whole"] > 0 and p.stdout.index("run 1 whole") < p.stdout.index("run 1 shared")
+
+
 def test_confirm_sweep_reruns_the_deciding_rows_interleaved(tmp_path):
     """confirm_sweep.py picks the chosen plan (given a new path), the default (the grid's first
     row) and the fastest other row of a sweep (not the grid's copy of the chosen plan, not a row

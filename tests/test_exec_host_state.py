@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from slidedp.exec.host_state import SHM_DIR, HostState
@@ -50,3 +51,34 @@ def test_init_random_matches_transformers_init():
             got = hs.unit_master(lay.unit)[e.offset:e.offset + e.numel].view(e.shape)
             assert torch.equal(got, model.state_dict()[e.name]), e.name
     hs.close()
+
+
+def test_units_sharing_memory_see_one_another_and_the_files_hold_distinct_units_only():
+    """A timing probe's state: units 2 and 3 live in unit 1's memory; attach keeps the sharing;
+    such a state refuses to be saved (it holds no model)."""
+    hs = HostState.create([3, 4, 4, 4, 2], storage_of=[0, 1, 1, 1, 4])
+    other = HostState.attach(hs.name)
+    hs.unit_master(3).copy_(torch.arange(4.0))
+    assert hs.unit_master(1).tolist() == [0, 1, 2, 3] and other.unit_master(2).tolist() == [0, 1, 2, 3]
+    hs.unit_v(4).fill_(5.0)
+    assert hs.unit_v(1).tolist() == [0] * 4 and other.unit_v(4).tolist() == [5, 5]
+    assert hs.master.numel() == 3 + 4 + 2 and hs.steps.numel() == 5  # steps stay per unit
+    assert hs.shares_storage and other.shares_storage
+    assert [hs.owns_storage(u) for u in range(5)] == [True, True, False, False, True]
+    with pytest.raises(RuntimeError, match="share memory"):
+        hs.state_dict()
+    other.close()
+    hs.close()
+
+
+@pytest.mark.parametrize("numels, storage_of, why", [
+    ([3, 2], [0, 0], "same size"),              # unit 1 (2 elements) in unit 0's 3
+    ([3, 2, 2], [0, 2, 2], "<= 1"),             # a later unit
+    ([2, 2, 2], [0, 0, 1], "owns its memory"),  # a chain: unit 1 owns none
+    ([3, 2, 2], [0], "1 entries for 3 units"),
+])
+def test_bad_sharing_is_refused_before_anything_is_written(numels, storage_of, why):
+    before = set(SHM_DIR.iterdir())
+    with pytest.raises(ValueError, match=why):
+        HostState.create(numels, storage_of=storage_of)
+    assert set(SHM_DIR.iterdir()) == before

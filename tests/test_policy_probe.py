@@ -13,8 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slidedp.commands.choose import choose_plan
+from slidedp.exec.host_state import checked_storage_of
 from slidedp.policy import probe as probe_mod
 from slidedp.policy.probe import (
+    DISTINCT_LAYERS,
     REDUCED_LAYERS,
     ExecutorProbe,
     bounded,
@@ -26,6 +28,7 @@ from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import ParamRoute, Plan, load_plan
 from slidedp.spec.workload import Workload
+from slidedp.validate.runner import layers_sharing_memory
 
 GIB = 2**30
 ROUTE = Plan(param_route=ParamRoute.REPLICATED)
@@ -55,6 +58,29 @@ def test_probe_measures_plans_on_one_host_state_and_reports_refusals():
     assert pr.full.hs is None  # closed
 
 
+def test_probe_state_keeps_a_few_layers_of_memory_and_trains_on_it(tmp_path):
+    """The whole model's probe state: decoder layer i in layer i mod DISTINCT_LAYERS's memory, the
+    embedding and head their own; the executor steps on it (finite losses)."""
+    wl = Workload(_deep_tiny(tmp_path, layers=DISTINCT_LAYERS + 3), 32, 4, 2, 1)
+    with ExecutorProbe(wl, "cpu") as pr:
+        assert pr(ROUTE) > 0
+        hs = pr.full.hs
+        L = wl.model.n_layers
+        assert hs.storage_of == [0, *[1 + i % DISTINCT_LAYERS for i in range(L)], L + 1]
+        assert hs.master.numel() == sum(hs.unit_numels[:DISTINCT_LAYERS + 1]) + hs.unit_numels[-1]
+        assert torch.isfinite(hs.master).all() and torch.isfinite(hs.exp_avg_sq).all()
+
+
+@given(st.lists(st.sampled_from([4, 6]), min_size=3, max_size=12), st.integers(1, 5))
+def test_layers_sharing_memory_is_a_valid_sharing(numels, k):
+    """Every decoder layer shares only with an earlier layer of its size that owns its memory
+    (HostState accepts it); the embedding and the head keep their own."""
+    storage_of = layers_sharing_memory(numels, k)
+    assert checked_storage_of(numels, storage_of) == storage_of
+    assert storage_of[0] == 0 and storage_of[-1] == len(numels) - 1
+    assert all(s == u or s == 1 + (u - 1) % k for u, s in enumerate(storage_of))
+
+
 def test_prepare_builds_the_full_host_state_in_the_background(monkeypatch):
     """prepare() starts building the whole model's host state in a thread of its own; the first
     measurement waits for it (the wait is setup, not the probe's cost), and a failed build comes
@@ -62,10 +88,10 @@ def test_prepare_builds_the_full_host_state_in_the_background(monkeypatch):
     wl = Workload(load_model("tiny-qwen3"), 32, 4, 2, 1)
     real, gate, builders = probe_mod.random_host_state, threading.Event(), []
 
-    def gated(*args):
+    def gated(*args, **kwargs):
         builders.append(threading.current_thread().name)
         assert gate.wait(10)
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(probe_mod, "random_host_state", gated)
     with ExecutorProbe(wl, "cpu") as pr:
@@ -79,7 +105,7 @@ def test_prepare_builds_the_full_host_state_in_the_background(monkeypatch):
         assert pr.setup_s >= 0.25  # the wait for the build
     assert pr.full.hs is None  # closed
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise OSError("no space left on device: /dev/shm")
 
     monkeypatch.setattr(probe_mod, "random_host_state", broken)

@@ -11,6 +11,11 @@ Pinning (`pin()`): only what a DMA reads is page-locked, with cudaHostRegister o
 mapping (pin_memory() would copy and round the size up to a power of two): the parameter copy.
 The master and the moments are touched by the CPU only.
 
+A timing probe may share one unit's memory among several units of the same size (`storage_of`:
+unit u lives in unit storage_of[u]'s slices): the executor's work and traffic per unit stay the
+same while the state is a few layers large instead of the whole model, so it is built in a fraction
+of the time (policy/probe.py). Such a state holds no model: state_dict() refuses it.
+
 The creator owns the files and unlinks them on close() (or earlier with unlink(): once every
 process has mapped them, the memory lives as long as a mapping does and nothing can be left behind
 in /dev/shm); an attached process only unmaps.
@@ -54,16 +59,19 @@ class HostState:
     """Flat FP32 master / exp_avg / exp_avg_sq per unit in shared memory, plus per-unit steps."""
 
     def __init__(
-        self, name: str, unit_numels: list[int], copy_dtype: torch.dtype | None, owner: bool
+        self, name: str, unit_numels: list[int], copy_dtype: torch.dtype | None, owner: bool,
+        storage_of: list[int] | None = None,
     ):
         self.name = name
         self.unit_numels = list(unit_numels)
         self.copy_dtype = copy_dtype
         self.owner = owner
-        self.offsets = [0]
-        for n in self.unit_numels:
-            self.offsets.append(self.offsets[-1] + n)
-        total = self.offsets[-1]
+        self.storage_of = checked_storage_of(self.unit_numels, storage_of)
+        self.offsets, total = [], 0  # unit u's first element; its storage unit's for a sharer
+        for u, n in enumerate(self.unit_numels):
+            s = self.storage_of[u]
+            self.offsets.append(total if s == u else self.offsets[s])
+            total += n if s == u else 0
         self.master = self._map("master", total, torch.float32)
         self.exp_avg = self._map("exp_avg", total, torch.float32)
         self.exp_avg_sq = self._map("exp_avg_sq", total, torch.float32)
@@ -75,23 +83,28 @@ class HostState:
 
     @classmethod
     def create(
-        cls, unit_numels: list[int], copy_dtype: torch.dtype | None = None, name: str | None = None
+        cls, unit_numels: list[int], copy_dtype: torch.dtype | None = None, name: str | None = None,
+        storage_of: list[int] | None = None,
     ) -> HostState:
-        """New zero-filled state (the files are created sparse: pages appear when written)."""
+        """New zero-filled state (the files are created sparse: pages appear when written);
+        `storage_of`: units that share memory (module docstring), None for none."""
         name = name or f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        storage_of = checked_storage_of(list(unit_numels), storage_of)
         meta = {
             "unit_numels": list(unit_numels),
             "copy_dtype": None if copy_dtype is None else str(copy_dtype).removeprefix("torch."),
+            "storage_of": storage_of,
         }
         (SHM_DIR / f"{name}.json").write_text(json.dumps(meta))
-        return cls(name, unit_numels, copy_dtype, owner=True)
+        return cls(name, unit_numels, copy_dtype, owner=True, storage_of=storage_of)
 
     @classmethod
     def attach(cls, name: str) -> HostState:
         """Map the state another process created under `name` (same memory, no copy)."""
         meta = json.loads((SHM_DIR / f"{name}.json").read_text())
         dt = meta["copy_dtype"]
-        return cls(name, meta["unit_numels"], None if dt is None else _DTYPES[dt], owner=False)
+        return cls(name, meta["unit_numels"], None if dt is None else _DTYPES[dt], owner=False,
+                   storage_of=meta.get("storage_of"))
 
     def _path(self, what: str) -> Path:
         return SHM_DIR / f"{self.name}.{what}"
@@ -105,8 +118,17 @@ class HostState:
     def n_units(self) -> int:
         return len(self.unit_numels)
 
+    @property
+    def shares_storage(self) -> bool:
+        """Whether some units share memory (a timing probe's state, module docstring)."""
+        return any(s != u for u, s in enumerate(self.storage_of))
+
+    def owns_storage(self, u: int) -> bool:
+        """Whether unit u's memory is its own (the one unit to initialise among its sharers)."""
+        return self.storage_of[u] == u
+
     def _unit(self, t: torch.Tensor, u: int) -> torch.Tensor:
-        return t[self.offsets[u] : self.offsets[u + 1]]
+        return t[self.offsets[u] : self.offsets[u] + self.unit_numels[u]]
 
     def unit_master(self, u: int) -> torch.Tensor:
         return self._unit(self.master, u)
@@ -153,6 +175,9 @@ class HostState:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Views (no copies) of every unit's state: unit{u}.master / .exp_avg / .exp_avg_sq, steps."""
+        if self.shares_storage:
+            raise RuntimeError(f"host state {self.name}: its units share memory (a timing "
+                               "probe's state): it holds no model to save or load")
         out = {"steps": self.steps}
         for u in range(self.n_units):
             out[f"unit{u}.master"] = self.unit_master(u)
@@ -189,3 +214,18 @@ class HostState:
         """Remove the files (the mappings stay valid; no process can attach afterwards)."""
         for what in ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json"):
             self._path(what).unlink(missing_ok=True)
+
+
+def checked_storage_of(unit_numels: list[int], storage_of: list[int] | None) -> list[int]:
+    """`storage_of` checked (each unit's storage unit: itself, or an earlier unit of the same size
+    that owns its memory), or every unit its own when None."""
+    if storage_of is None:
+        return list(range(len(unit_numels)))
+    storage_of = [int(s) for s in storage_of]
+    if len(storage_of) != len(unit_numels):
+        raise ValueError(f"storage_of: {len(storage_of)} entries for {len(unit_numels)} units")
+    for u, s in enumerate(storage_of):
+        if not (0 <= s <= u and storage_of[s] == s and unit_numels[s] == unit_numels[u]):
+            raise ValueError(f"storage_of[{u}] = {s}: expected a unit <= {u} of the same size "
+                             f"({unit_numels[u]} elements) that owns its memory")
+    return storage_of

@@ -55,6 +55,8 @@ def fill_random(init: RandomInit, layout, state: HostState) -> None:
     block = torch.empty(BLOCK_ELEMS).normal_(0.0, init.std, generator=g)
     pos = 0
     for u, ul in enumerate(layout):
+        if not state.owns_storage(u):  # its memory is an earlier unit's, filled already
+            continue
         flat = state.unit_master(u)
         for e in ul.entries:
             view = flat[e.offset:e.offset + e.numel]
@@ -74,20 +76,40 @@ def fill_random(init: RandomInit, layout, state: HostState) -> None:
 
 
 def random_host_state(model_config: dict, copy_dtype: torch.dtype | None,
-                      session: DistSession | None) -> HostState:
-    """The one host state of the model, random weights (collective with a session)."""
+                      session: DistSession | None, distinct_layers: int | None = None) -> HostState:
+    """The one host state of the model, random weights (collective with a session). With
+    `distinct_layers` = k (a timing probe's state, one process only), decoder layer i lives in
+    the memory of layer i mod k (layers_sharing_memory): the same work per layer on k layers'
+    memory."""
     model, layout = meta_layout(hf_config(model_config))
     numels = [u.numel for u in layout]
     init = RandomInit(model, layout, seed=0)
     if session is not None:
+        if distinct_layers is not None:
+            raise ValueError("distinct_layers: a probe's state, for one process without a session")
         return session.host_state(numels, copy_dtype, init=lambda s: fill_random(init, layout, s))
-    hs = HostState.create(numels, copy_dtype)
+    storage_of = None if distinct_layers is None else layers_sharing_memory(numels, distinct_layers)
+    hs = HostState.create(numels, copy_dtype, storage_of=storage_of)
     try:
         fill_random(init, layout, hs)
     except BaseException:  # no shared-memory files left behind by a failed fill
         hs.close()
         raise
     return hs
+
+
+def layers_sharing_memory(unit_numels: list[int], distinct_layers: int) -> list[int]:
+    """HostState's `storage_of` for units 0 (embedding), 1..L (decoder layers), L + 1 (head):
+    decoder layer i (unit i + 1) in the memory of layer i mod `distinct_layers` where the two are
+    of one size; the embedding and the head keep their own."""
+    if distinct_layers < 1:
+        raise ValueError(f"distinct_layers: expected at least 1, got {distinct_layers}")
+    storage_of = list(range(len(unit_numels)))
+    for u in range(1, len(unit_numels) - 1):
+        s = 1 + (u - 1) % distinct_layers
+        if unit_numels[s] == unit_numels[u]:
+            storage_of[u] = s
+    return storage_of
 
 
 def measure(model_config: dict, wl: Workload, plan: Plan, hs: HostState, *, device: str,
