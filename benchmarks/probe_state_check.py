@@ -7,8 +7,10 @@ of one model (timing each build); times the host's own passes on each, --runs ti
 the fused AdamW and the FP32 -> BF16 cast over every decoder layer's state, a chunk at a time (no
 GPU: what memory sharing could change); then measures one plan on each, --runs times interleaved
 (whole, shared, whole, shared, ...), each run --iters steps with the mean of those after
---discard; and writes one JSON object: the build seconds, every run's pass and step times, the
-means and the ratios shared / whole.
+--discard; and writes one JSON object: the build seconds and bytes, every run's pass and step
+times, the means and the ratios shared / whole. At a window below the layer count the backward's
+re-upload casts may run beside updates of layers that share their memory (policy/probe.py); at
+the full window they cannot: run both.
 
 usage: PYTHONPATH=$PWD python3 benchmarks/probe_state_check.py OUT.json --model qwen3-0.6b
            [--seq 4096] [--micro-batch 1] [--device cuda] [--iters 6] [--discard 2] [--runs 2]
@@ -19,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,6 +33,8 @@ import torch  # noqa: E402
 from slidedp.exec.adamw import adamw_chunk  # noqa: E402
 from slidedp.exec.host_state import HostState  # noqa: E402
 from slidedp.policy.probe import DISTINCT_LAYERS  # noqa: E402
+from slidedp.profile.machine import probe_machine  # noqa: E402
+from slidedp.spec.model import FP32 as FP32_BYTES  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import ParamRoute, Plan  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
@@ -77,12 +79,13 @@ def main(argv: list[str] | None = None) -> dict:
     plan = Plan(param_route=ParamRoute.REPLICATED, window_slots=a.window_slots,
                 h2d_chunk_mib=a.chunk_mib, d2h_chunk_mib=a.chunk_mib)
     cfg = dict(model.config)
-    states, build_s = {}, {}
+    states, build_s, state_bytes = {}, {}, {}
     try:
         for name, k in (("whole", None), ("shared", a.distinct_layers)):
             t = time.perf_counter()
             states[name] = random_host_state(cfg, None, None, distinct_layers=k)
             build_s[name] = time.perf_counter() - t
+            state_bytes[name] = 3 * FP32_BYTES * states[name].master.numel()  # master, m, v
             print(f"{name} state built in {build_s[name]:.2f} s", flush=True)
         passes: dict[str, dict[str, list[float]]] = {n: {"adam": [], "cast": []} for n in states}
         for r in range(a.runs):
@@ -103,16 +106,18 @@ def main(argv: list[str] | None = None) -> dict:
         for hs in states.values():
             hs.close()
     mean = {k: statistics.fmean(v) for k, v in runs.items()}
+    mach = probe_machine()
     pass_mean = {n: {k: statistics.fmean(v) for k, v in p.items()} for n, p in passes.items()}
     out = {"model": a.model, "seq": a.seq, "micro_batch": a.micro_batch, "device": a.device,
            "plan": {"window_slots": a.window_slots, "chunk_mib": a.chunk_mib},
            "distinct_layers": a.distinct_layers, "iters": a.iters, "discard": a.discard,
-           "build_s": build_s, "host_passes_s": passes, "host_passes_mean_s": pass_mean,
+           "build_s": build_s, "state_bytes": state_bytes,
+           "host_passes_s": passes, "host_passes_mean_s": pass_mean,
            "host_passes_shared_over_whole": {k: pass_mean["shared"][k] / pass_mean["whole"][k]
                                              for k in ("adam", "cast")},
            "runs_s": runs, "mean_s": mean, "shared_over_whole": mean["shared"] / mean["whole"],
-           "date": date.today().isoformat(), "host": platform.node(),
-           "cores": torch.get_num_threads(), "torch": torch.__version__,
+           "date": mach.date, "host": mach.hostname, "cpu_model": mach.cpu_model,
+           "cores": mach.cores, "gpus": mach.gpus(), "torch": torch.__version__,
            "command": " ".join(["python3", "benchmarks/probe_state_check.py", *sys.argv[1:]])}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     hp = out["host_passes_shared_over_whole"]

@@ -49,6 +49,7 @@ def test_probe_state_check_times_both_states_interleaved(tmp_path):
     assert p.returncode == 0, p.stderr
     d = json.loads(out.read_text())
     assert set(d["build_s"]) == {"whole", "shared"} and d["distinct_layers"] == 1
+    assert d["state_bytes"]["shared"] < d["state_bytes"]["whole"]  # tiny-qwen3's 2 layers share
     assert all(len(v) == 2 and min(v) > 0 for v in d["runs_s"].values())
     assert all(len(v) == 2 for kinds in d["host_passes_s"].values() for v in kinds.values())
     assert d["shared_over_whole"] > 0 and p.stdout.index("run 1 whole") < p.stdout.index("run 1 shared")

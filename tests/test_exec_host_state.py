@@ -1,6 +1,7 @@
 """HostState: shared-memory state a second mapping sees, state_dict views, init from a model."""
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,11 @@ def test_units_sharing_memory_see_one_another_and_the_files_hold_distinct_units_
     assert [hs.owns_storage(u) for u in range(5)] == [True, True, False, False, True]
     with pytest.raises(RuntimeError, match="share memory"):
         hs.state_dict()
+    with pytest.raises(RuntimeError, match="share memory"):
+        hs.load_state_dict({})
+    hs.write_unit(1, torch.ones(4))  # the unit that owns the memory may be written
+    with pytest.raises(RuntimeError, match="unit 2 shares unit 1's memory"):
+        hs.write_unit(2, torch.ones(4))
     other.close()
     hs.close()
 
@@ -78,7 +84,7 @@ def test_units_sharing_memory_see_one_another_and_the_files_hold_distinct_units_
     ([3, 2, 2], [0], "1 entries for 3 units"),
 ])
 def test_bad_sharing_is_refused_before_anything_is_written(numels, storage_of, why):
-    before = set(SHM_DIR.iterdir())
+    name = f"slidedp-test-{uuid.uuid4().hex[:8]}"
     with pytest.raises(ValueError, match=why):
-        HostState.create(numels, storage_of=storage_of)
-    assert set(SHM_DIR.iterdir()) == before
+        HostState.create(numels, storage_of=storage_of, name=name)
+    assert not list(SHM_DIR.glob(f"{name}*"))

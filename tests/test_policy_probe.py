@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slidedp.commands.choose import choose_plan
-from slidedp.exec.host_state import checked_storage_of
+from slidedp.exec.host_state import HostState, checked_storage_of
 from slidedp.policy import probe as probe_mod
 from slidedp.policy.probe import (
     DISTINCT_LAYERS,
@@ -28,7 +28,7 @@ from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import ParamRoute, Plan, load_plan
 from slidedp.spec.workload import Workload
-from slidedp.validate.runner import layers_sharing_memory
+from slidedp.validate.runner import layers_sharing_memory, random_host_state
 
 GIB = 2**30
 ROUTE = Plan(param_route=ParamRoute.REPLICATED)
@@ -78,7 +78,23 @@ def test_layers_sharing_memory_is_a_valid_sharing(numels, k):
     storage_of = layers_sharing_memory(numels, k)
     assert checked_storage_of(numels, storage_of) == storage_of
     assert storage_of[0] == 0 and storage_of[-1] == len(numels) - 1
-    assert all(s == u or s == 1 + (u - 1) % k for u, s in enumerate(storage_of))
+    for u in range(1, len(numels) - 1):
+        s = 1 + (u - 1) % k
+        assert storage_of[u] == (s if numels[s] == numels[u] else u)
+
+
+def test_random_fill_writes_each_memory_once(monkeypatch):
+    """fill_random skips the units that share an earlier unit's memory."""
+    written = []
+    real = HostState.unit_master
+    monkeypatch.setattr(HostState, "unit_master",
+                        lambda self, u: written.append(u) or real(self, u))
+    cfg = dict(load_model("tiny-qwen3").config) | {"num_hidden_layers": 5}
+    hs = random_host_state(cfg, None, None, distinct_layers=2)
+    try:
+        assert hs.storage_of == [0, 1, 2, 1, 2, 1, 6] and written == [0, 1, 2, 6]
+    finally:
+        hs.close()
 
 
 def test_prepare_builds_the_full_host_state_in_the_background(monkeypatch):

@@ -14,7 +14,9 @@ The master and the moments are touched by the CPU only.
 A timing probe may share one unit's memory among several units of the same size (`storage_of`:
 unit u lives in unit storage_of[u]'s slices): the executor's work and traffic per unit stay the
 same while the state is a few layers large instead of the whole model, so it is built in a fraction
-of the time (policy/probe.py). Such a state holds no model: state_dict() refuses it.
+of the time (policy/probe.py). Such a state holds no model: state_dict(), load_state_dict() and
+write_unit() of a sharing unit refuse it; the trainer and DistSession create states without
+sharing.
 
 The creator owns the files and unlinks them on close() (or earlier with unlink(): once every
 process has mapped them, the memory lives as long as a mapping does and nothing can be left behind
@@ -67,10 +69,10 @@ class HostState:
         self.copy_dtype = copy_dtype
         self.owner = owner
         self.storage_of = checked_storage_of(self.unit_numels, storage_of)
-        self.offsets, total = [], 0  # unit u's first element; its storage unit's for a sharer
+        self.starts, total = [], 0  # unit u's first element (its storage unit's for a sharer)
         for u, n in enumerate(self.unit_numels):
             s = self.storage_of[u]
-            self.offsets.append(total if s == u else self.offsets[s])
+            self.starts.append(total if s == u else self.starts[s])
             total += n if s == u else 0
         self.master = self._map("master", total, torch.float32)
         self.exp_avg = self._map("exp_avg", total, torch.float32)
@@ -128,7 +130,7 @@ class HostState:
         return self.storage_of[u] == u
 
     def _unit(self, t: torch.Tensor, u: int) -> torch.Tensor:
-        return t[self.offsets[u] : self.offsets[u] + self.unit_numels[u]]
+        return t[self.starts[u] : self.starts[u] + self.unit_numels[u]]
 
     def unit_master(self, u: int) -> torch.Tensor:
         return self._unit(self.master, u)
@@ -145,6 +147,10 @@ class HostState:
 
     def write_unit(self, u: int, flat: torch.Tensor) -> None:
         """Set unit u's master (and parameter copy) from a flat tensor of any float dtype."""
+        if not self.owns_storage(u):
+            raise RuntimeError(f"host state {self.name}: unit {u} shares unit "
+                               f"{self.storage_of[u]}'s memory (a timing probe's state): it "
+                               "cannot hold weights of its own")
         self.unit_master(u).copy_(flat.reshape(-1))
         if self.copy is not None:
             self.unit_copy(u).copy_(self.unit_master(u))

@@ -19,10 +19,18 @@ ExecutorProbe(model, workload, device), a context manager, random weights:
                          built on the first call and reused by every candidate, in which decoder
                          layer i lives in layer i mod DISTINCT_LAYERS's memory (HostState's
                          storage_of): each layer's cast, copies and update move the same bytes as
-                         on a whole state (a layer of a 4B model, 0.4 GB of FP32 master, is far
-                         larger than any CPU cache), while the state is built in a fraction of the
-                         time and memory (first-touching a whole 8B state took ~30 s on the H200
-                         hosts, most of an 8B probe's 33 s on 2026-12-01). None where the
+                         on a whole state (a layer of a 4B model, 0.4 GB of FP32 master per
+                         array, is far larger than any CPU cache), while the state is built in a
+                         fraction of the time and memory (first-touching a whole 8B state took
+                         ~30 s on the H200 hosts, most of an 8B probe's 33 s on 2026-12-01). One
+                         difference remains: with a window below the layer count the backward
+                         re-uploads layers, and the task graph leaves a re-upload's cast unordered
+                         with updates of layers 1 to window + 3 or more behind it (more with larger
+                         chunks or more update workers), DISTINCT_LAYERS behind included; where two
+                         such tasks run at once on the same chunk, the cast may read lines the
+                         update just wrote from cache rather than DRAM (at most its 4 B/param
+                         read). benchmarks/probe_state_check.py measures the whole effect on the
+                         step at window 3 (such pairs) and at the full window (none). None where the
                          executor refuses the plan (a SpecError: a policy it does not run yet) or
                          the device runs out of memory; the reason is kept in `refusals`.
   layer_delta_s(name)    seconds per step one layer on policy `name` adds over `layer` on the
@@ -75,8 +83,7 @@ from slidedp.validate.runner import OPTIMIZER, measure, random_host_state
 STEPS = 3  # the fastest of 2 after the first: a probe of Qwen3-4B seq 16384 takes ~11 s at 4
 DISCARD = 1  # the first step allocates and warms up
 REDUCED_LAYERS = 4
-DISTINCT_LAYERS = 4  # decoder layers with memory of their own in a probe's host state; a layer's
-# state of the models probed is far larger than the CPU's caches, so sharing changes no DRAM traffic
+DISTINCT_LAYERS = 4  # decoder layers with memory of their own in a probe's host state (docstring)
 LAYER_REPEATS = 3
 POLICY_FIELDS = ("activation_policy", "layer_policies")  # Engine's refusal of a policy
 
