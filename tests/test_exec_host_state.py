@@ -77,6 +77,25 @@ def test_units_sharing_memory_see_one_another_and_the_files_hold_distinct_units_
     hs.close()
 
 
+def test_a_subset_is_a_cut_state_in_the_same_memory():
+    """subset(): the chosen units' memory, step counts of its own; close() leaves the files."""
+    hs = HostState.create([3, 4, 4, 4, 2], storage_of=[0, 1, 2, 1, 4])
+    sub = hs.subset([0, 1, 4])
+    assert sub.unit_numels == [3, 4, 2] and not sub.shares_storage
+    sub.unit_v(2).fill_(3.0)
+    sub.steps[1] = 5
+    assert hs.unit_v(4).tolist() == [3, 3] and int(hs.steps[1]) == 0
+    with pytest.raises(ValueError, match="unit 3 is not one of its 5 units that own"):
+        hs.subset([0, 3])
+    sub.close()
+    assert (SHM_DIR / f"{hs.name}.master").exists() and hs.unit_master(1).numel() == 4
+    hs.close()
+    with_copy = HostState.create([2, 2], copy_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="parameter copy"):
+        with_copy.subset([0])
+    with_copy.close()
+
+
 @pytest.mark.parametrize("numels, storage_of, why", [
     ([3, 2], [0, 0], "same size"),              # unit 1 (2 elements) in unit 0's 3
     ([3, 2, 2], [0, 2, 2], "<= 1"),             # a later unit

@@ -178,8 +178,12 @@ def test_marginal_cost_runs_the_reduced_pipeline_only_for_policies_the_executor_
         # two reduced steps, one layer's compute does not change, so neither does the cost
         monkeypatch.setattr(probe_mod, "runs_policy", lambda name, device: True)
         d = pr.marginal_s(ROUTE, "layer")
-        assert d == 0.0 and pr.reduced.hs is not None and pr.full.hs is None
-        assert pr.reduced.wl.model.n_layers == REDUCED_LAYERS and len(pr._t0) == 1
+        assert d == 0.0 and pr.reduced.wl.model.n_layers == REDUCED_LAYERS and len(pr._t0) == 1
+        # the cut model's state is the whole probe state's embedding, first layers and head
+        sub, whole = pr.reduced.hs, pr.full.hs
+        units = [*range(REDUCED_LAYERS + 1), whole.n_units - 1]
+        assert [sub.unit_master(i).data_ptr() for i in range(len(units))] == \
+            [whole.unit_master(u).data_ptr() for u in units]
         assert 0 < next(iter(pr._t0.values())) < 60  # the reduced step itself was measured
 
 

@@ -25,6 +25,7 @@ in /dev/shm); an attached process only unmaps.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -113,6 +114,26 @@ class HostState:
 
     def _map(self, what: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return map_shared(self._path(what), numel, dtype)
+
+    def subset(self, units: list[int]) -> HostState:
+        """A state over some of this state's units, in their memory (no copy; unit i of the
+        subset is unit units[i] here), with step counts of its own: the state of a model cut to
+        those units (policy/probe.py: the reduced pipeline's embedding, first layers and head).
+        Each unit must own its memory; a state with a parameter copy is not subset. close()
+        leaves this state's memory and files alone."""
+        if self.copy is not None:
+            raise ValueError(f"host state {self.name}: a subset of a state with a parameter copy")
+        for u in units:
+            if not (0 <= u < self.n_units and self.owns_storage(u)):
+                raise ValueError(f"host state {self.name}: unit {u} is not one of its "
+                                 f"{self.n_units} units that own their memory")
+        sub = copy.copy(self)  # the same mapped tensors
+        sub.name, sub.owner, sub._pinned = f"{self.name}.subset", False, []
+        sub.unit_numels = [self.unit_numels[u] for u in units]
+        sub.starts = [self.starts[u] for u in units]
+        sub.storage_of = list(range(len(units)))
+        sub.steps = torch.zeros(len(units), dtype=torch.int64)
+        return sub
 
     # ---- per-unit access -------------------------------------------------------------------
 

@@ -40,7 +40,9 @@ ExecutorProbe(model, workload, device), a context manager, random weights:
                          the difference to `layer` times the micro-batches of a step.
   marginal_s(ref, name)  tau_j - tau_0 measured in a reduced real pipeline (method.md section 7,
                          step 4): the model cut to REDUCED_LAYERS decoder layers of the same
-                         shape (its own host state, built once), every one on policy `name`,
+                         shape (its host state: the whole model's probe state's embedding,
+                         first layers and head, HostState.subset, so nothing more is built),
+                         every one on policy `name`,
                          window min(ref's, layers): (T_j - T_0) / REDUCED_LAYERS with T_0 the
                          all-`layer` reduced step, then bounded by layer_delta_s(name): a
                          layer's policy changes the GPU's work by that much, which the pipeline
@@ -83,7 +85,8 @@ from slidedp.validate.runner import OPTIMIZER, measure, random_host_state
 STEPS = 3  # the fastest of 2 after the first: a probe of Qwen3-4B seq 16384 takes ~11 s at 4
 DISCARD = 1  # the first step allocates and warms up
 REDUCED_LAYERS = 4
-DISTINCT_LAYERS = 4  # decoder layers with memory of their own in a probe's host state (docstring)
+DISTINCT_LAYERS = 4  # decoder layers with memory of their own in a probe's host state (docstring);
+# at least REDUCED_LAYERS: the reduced pipeline runs on the first ones
 LAYER_REPEATS = 3
 POLICY_FIELDS = ("activation_policy", "layer_policies")  # Engine's refusal of a policy
 
@@ -117,18 +120,27 @@ def reduced_model(model: ModelSpec, n_layers: int) -> ModelSpec:
 
 
 class _Pipeline:
-    """One model on this device and its host state (built on first use)."""
+    """One model on this device and its host state (built on first use). With a `whole`
+    pipeline (of the uncut model), a cut model's state is the subset of the whole one's units it
+    keeps (the embedding, its first layers, the head: HostState.subset), built by building the
+    whole one: the two pipelines never measure at once."""
 
-    def __init__(self, wl: Workload, device: str):
-        self.wl, self.device = wl, device
+    def __init__(self, wl: Workload, device: str, whole: _Pipeline | None = None):
+        self.wl, self.device, self.whole = wl, device, whole
         self.config = dict(wl.model.config)
         self.hs: HostState | None = None
         self.setup_s = 0.0  # building the host state in the measuring thread
 
     def build(self) -> None:
         """The host state, built once (random weights)."""
-        if self.hs is None:
+        if self.hs is not None:
+            return
+        if self.whole is None:
             self.hs = random_host_state(self.config, None, None, distinct_layers=DISTINCT_LAYERS)
+            return
+        self.whole.build()
+        n, last = self.wl.model.n_layers, self.whole.hs.n_units - 1
+        self.hs = self.whole.hs.subset([*range(n + 1), last])
 
     def step_s(self, plan: Plan) -> float:
         """Measured steady seconds per step; SpecError when the executor refuses the plan."""
@@ -158,7 +170,8 @@ class ExecutorProbe:
         self.full = _Pipeline(wl, device)
         L = wl.model.n_layers
         self.reduced = self.full if L <= REDUCED_LAYERS else _Pipeline(
-            dataclasses.replace(wl, model=reduced_model(wl.model, REDUCED_LAYERS)), device)
+            dataclasses.replace(wl, model=reduced_model(wl.model, REDUCED_LAYERS)), device,
+            whole=self.full)
         self._t0: dict[Plan, float] = {}
         self._layer_s: dict[str, float] = {}  # policy -> one layer's compute seconds
         self._prebuild: threading.Thread | None = None
