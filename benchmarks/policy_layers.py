@@ -21,9 +21,9 @@ usage: PYTHONPATH=$PWD python benchmarks/policy_layers.py OUT.json [--model qwen
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
-import subprocess
 import sys
 import time
 from datetime import date
@@ -58,12 +58,15 @@ def load_config(model: str, sets: list[str]) -> dict:
     return cfg
 
 
-def _git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
+def _code_sha256() -> str:
+    """SHA-256 over slidedp's Python sources (path and content, sorted): which code measured, where
+    the device's copy of the tree carries stale git metadata (a `git rev-parse` there named an
+    older commit on 2026-12-01)."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for f in sorted((root / "slidedp").rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
             line += f" {r['retained_alloc_gib']:7.3f} {r['transient_peak_gib']:9.3f}"
         print(line)
     result = {
-        "date": date.today().isoformat(), "git": _git_rev(), "host": platform.node(),
+        "date": date.today().isoformat(), "code_sha256": _code_sha256(), "host": platform.node(),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor(),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "command": " ".join(sys.argv), "model": a.model, "overrides": a.set,
