@@ -55,6 +55,28 @@ def test_probe_state_check_times_both_states_interleaved(tmp_path):
     assert d["shared_over_whole"] > 0 and p.stdout.index("run 1 whole") < p.stdout.index("run 1 shared")
 
 
+def test_project_hardware_changes_only_what_the_larger_kind_differs_in(tmp_path):
+    """The h200x8 preset is what project_hardware.py makes of the measured x4 profile; a run with
+    the profile's own GPU count and cores only renames it."""
+    from slidedp.spec.hardware import load_hardware
+
+    src = "benchmarks/results/2026-11-30-h200x4-profile-2135.toml"
+    out = tmp_path / "x8.toml"
+    p = _run("benchmarks/project_hardware.py", src, str(out), "--name", "h200x8", "--gpus", "8",
+             "--cores", "128", "--ram-gib", "560", "--kind", "nvidia-h200-x8")
+    assert p.returncode == 0, p.stderr
+    assert out.read_text() == (ROOT / "slidedp/presets/hardware/h200x8.toml").read_text()
+    x4, x8 = load_hardware(src), load_hardware(str(out))
+    assert (x8.gpu.count, x8.host.cores) == (8, 128) and x8.pcie == x4.pcie.__class__(
+        **{**vars(x4.pcie), "sources": x8.pcie.sources})  # the rates carried over as measured
+    assert x8.host.sources["adam_gparam_per_s"].startswith("projected: as in h200x4-profile-2135")
+    same = tmp_path / "x4.toml"
+    p = _run("benchmarks/project_hardware.py", src, str(same), "--name", "h200x4", "--gpus", "4",
+             "--cores", "64", "--ram-gib", "503.8", "--kind", "nvidia-h200-x4")
+    assert p.returncode == 0, p.stderr
+    assert load_hardware(str(same)).host == x4.host and "projected" not in same.read_text()
+
+
 def test_confirm_sweep_reruns_the_deciding_rows_interleaved(tmp_path):
     """confirm_sweep.py picks the chosen plan (given a new path), the default (the grid's first
     row) and the fastest other row of a sweep (not the grid's copy of the chosen plan, not a row
