@@ -59,12 +59,14 @@ def load_config(model: str, sets: list[str]) -> dict:
 
 
 def _code_sha256() -> str:
-    """SHA-256 over slidedp's Python sources (path and content, sorted): which code measured, where
-    the device's copy of the tree carries stale git metadata (a `git rev-parse` there named an
-    older commit on 2026-12-01)."""
+    """SHA-256 over slidedp's sources and presets and this script (path and content, sorted):
+    which code measured, where the device's copy of the tree carries stale git metadata (a
+    `git rev-parse` there named an older commit on 2026-12-01)."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]
-    for f in sorted((root / "slidedp").rglob("*.py")):
+    files = [f for f in (root / "slidedp").rglob("*")
+             if f.is_file() and f.suffix in (".py", ".json", ".toml")]
+    for f in sorted([*files, Path(__file__).resolve()]):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 

@@ -8,11 +8,14 @@ source and into the file's header:
   - everything per GPU (layer times, achieved FLOP/s, one GPU's PCIe rates and chunk curve):
     the measured machine's (the same GPU and link);
   - the all-GPU PCIe aggregates and every host-memory rate (DRAM, cast, Adam, teams): the measured
-    machine's, as measured with its GPU count and cores (their thread curves stay flat beyond the
-    last measured point): where the larger host has more memory channels, host-bound steps come
-    out pessimistic;
-  - NCCL efficiencies and latency: the measured rank count's (rings over more ranks are likely
-    slower: collective-bound steps come out optimistic).
+    machine's, as measured with its GPU count and cores, each thread curve cut at the measured
+    host's team size (cores - cores // 4, plan.team_cores) and flat beyond it: points with more
+    threads ran teams on every core of that host, whose preemption (the cast by chunk at 64
+    threads on the 64-core x4: a third of its 48-thread rate) the simulator models on its own
+    (graph/build.team_share); where the larger host has more memory channels, host-bound steps
+    come out pessimistic;
+  - the NVLink fabric (kind, link rate, NCCL efficiencies and latency): the measured machine's
+    (rings over more ranks are likely slower: collective-bound steps come out optimistic).
 With the measured machine's own GPU count, cores and RAM it only renames the profile (a measured
 preset).
 
@@ -31,11 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slidedp.profile.tomlw import dumps  # noqa: E402
 from slidedp.spec.hardware import load_hardware  # noqa: E402
+from slidedp.spec.plan import team_cores  # noqa: E402
 
 HOST_RATES = ("dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s", "adam_bf16_grad_gparam_per_s",
               "dram_teams_gbps", "dram_teams_cast_gbps", "dram_dma_gbps", "cast_chunk_gelem_per_s")
+THREAD_CURVES = {"cast_gelem_per_s": 0, "adam_gparam_per_s": 0, "adam_bf16_grad_gparam_per_s": 0,
+                 "cast_chunk_gelem_per_s": 1}  # curve -> index of the thread count in a point
 ALL_GPU_PCIE = ("all_h2d_gbps", "all_d2h_gbps", "all_total_gbps")
-FABRIC = ("latency_us", "efficiency")
+FABRIC = ("kind", "link_gbps", "latency_us", "efficiency")
 
 
 def _source(table: dict, key: str) -> str:
@@ -65,23 +71,28 @@ def project(doc: dict, name: str, gpus: int, cores: int, ram_gib: float, kind: s
     g["count"], h["cores"], h["ram_gib"] = gpus, cores, ram_gib
     for t, key in ((g, "count"), (h, "cores"), (h, "ram_gib")):
         t["sources"][key] = f"projected: the device tool's description of {kind}"
+    team = team_cores(host["cores"])
+    for key, at in THREAD_CURVES.items():
+        if key in h:
+            h[key] = [point for point in h[key] if point[at] <= team]
     for key in HOST_RATES:
         if key in h:
-            _assume(h, key, f"as in {measured}, flat beyond its last measured thread count "
-                            "(a larger host may have more memory channels: host-bound steps "
-                            "pessimistic)")
+            _assume(h, key, f"as in {measured}, thread curves cut at its team size {team} and "
+                            "flat beyond (a larger host may have more memory channels: host-bound "
+                            "steps pessimistic)")
     for key in ALL_GPU_PCIE:
         _assume(p, key, f"all GPUs at once as in {measured} (bound by its host memory; more "
                         "channels would raise it)")
     for key in FABRIC:
-        _assume(f, key, f"NCCL over {gpu['count']} ranks as in {measured} (rings over {gpus} "
+        _assume(f, key, f"the fabric of {gpu['count']} GPUs as in {measured} (rings over {gpus} "
                         "ranks are likely slower)")
     header = (f"{gpus}x {gpu['model']} on one host ({cores} cores, {ram_gib:g} GiB): PROJECTED, not "
               f"measured: {kind} was not lent.\nDerived by benchmarks/project_hardware.py from the "
-              f"measured profile {measured}: per-GPU figures, host-memory rates, all-GPU PCIe aggregates "
-              f"and NCCL\nefficiencies as measured there (each changed or carried field says so "
-              f"in its source).\nRe-measure with `slidedp profile --base {name}` when the kind is "
-              "lent.")
+              f"measured profile {measured}: per-GPU figures, host-memory rates (thread curves cut\n"
+              f"at its team size), all-GPU PCIe aggregates and the NVLink fabric as measured there "
+              f"(each changed field,\nand each carried one that depends on the machine's size, says "
+              f"so in its source; per-GPU figures keep theirs).\n"
+              f"Re-measure with `slidedp profile --base {name}` when the kind is lent.")
     return out, header
 
 

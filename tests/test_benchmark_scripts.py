@@ -69,7 +69,13 @@ def test_project_hardware_changes_only_what_the_larger_kind_differs_in(tmp_path)
     x4, x8 = load_hardware(src), load_hardware(str(out))
     assert (x8.gpu.count, x8.host.cores) == (8, 128) and x8.pcie == x4.pcie.__class__(
         **{**vars(x4.pcie), "sources": x8.pcie.sources})  # the rates carried over as measured
+    assert x8.fabric.sources["link_gbps"].startswith("projected: the fabric of 4 GPUs")
     assert x8.host.sources["adam_gparam_per_s"].startswith("projected: as in h200x4-profile-2135")
+    # thread curves cut at the x4's team size (48 of 64 cores): its 64-thread points ran teams on
+    # every core (the cast by chunk at a third of its 48-thread rate), which the simulator's
+    # team share models on its own
+    assert max(x8.host.cast_elems_per_s.xs) == 48 < max(x4.host.cast_elems_per_s.xs)
+    assert x8.host.cast_rate(96, 2**25) == x4.host.cast_rate(48, 2**25) > x4.host.cast_rate(64, 2**25)
     same = tmp_path / "x4.toml"
     p = _run("benchmarks/project_hardware.py", src, str(same), "--name", "h200x4", "--gpus", "4",
              "--cores", "64", "--ram-gib", "503.8", "--kind", "nvidia-h200-x4")

@@ -86,7 +86,8 @@ STEPS = 3  # the fastest of 2 after the first: a probe of Qwen3-4B seq 16384 tak
 DISCARD = 1  # the first step allocates and warms up
 REDUCED_LAYERS = 4
 DISTINCT_LAYERS = 4  # decoder layers with memory of their own in a probe's host state (docstring);
-# at least REDUCED_LAYERS: the reduced pipeline runs on the first ones
+# at least REDUCED_LAYERS: the reduced pipeline runs on the first ones (HostState.subset)
+assert DISTINCT_LAYERS >= REDUCED_LAYERS
 LAYER_REPEATS = 3
 POLICY_FIELDS = ("activation_policy", "layer_policies")  # Engine's refusal of a policy
 
