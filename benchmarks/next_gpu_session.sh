@@ -161,8 +161,13 @@ ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against 
     # AutoPolicy's --gpu-memory-cap-gib
     HW=${HW:?set HW to a profile TOML of this machine} bash benchmarks/autopolicy_vs_sweep.sh \
         "$OUT/ap" "${MODEL:-qwen3-4b}" "${3:-6}" "${4:-4096}" ;;
-probe-state)  # any H200, ~3 min: AutoPolicy's probe state (policy/probe.py DISTINCT_LAYERS) times
-    # the executor as the whole state does? Qwen3-4B host-bound (mb 1) and GPU-bound (mb 4)
+probe-state)  # any H200, ~4 min: the GPU tests of the code since 2026-12-01 04:41 (the probe's
+    # shared and subset states, the profile's sac fraction), then: does AutoPolicy's probe state
+    # (policy/probe.py DISTINCT_LAYERS) time the executor as the whole state does? Qwen3-4B
+    # host-bound (mb 1, window 3: casts can meet updates of layers sharing their memory) and
+    # GPU-bound (mb 4, window 36: they cannot)
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_policy_probe.py \
+        tests/test_profile_gpu.py tests/test_exec_policy_profile.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt" || true
     python3 benchmarks/probe_state_check.py "$OUT/probe-state-4b-mb1.json" --model qwen3-4b \
         --micro-batch 1 --iters 6 --discard 2 --runs 2
     python3 benchmarks/probe_state_check.py "$OUT/probe-state-4b-mb4.json" --model qwen3-4b \
