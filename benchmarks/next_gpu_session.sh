@@ -161,7 +161,9 @@ ap)  # nvidia-h200, one call: AutoPolicy (probes within its 60 s limit) against 
     # AutoPolicy's --gpu-memory-cap-gib
     HW=${HW:?set HW to a profile TOML of this machine} bash benchmarks/autopolicy_vs_sweep.sh \
         "$OUT/ap" "${MODEL:-qwen3-4b}" "${3:-6}" "${4:-4096}" ;;
-probe-state)  # any H200, ~4 min: the GPU tests of the code since 2026-12-01 04:41 (the probe's
+probe-state)  # any H200, ~4 min (its tests import hypothesis: carry its wheels, e.g.
+    # `../shared/tools/device-wheels.sh hypothesis sortedcontainers attrs`; pytest was there on
+    # 2026-12-01): the GPU tests of the code since 2026-12-01 04:41 (the probe's
     # shared and subset states, the profile's sac fraction), then: does AutoPolicy's probe state
     # (policy/probe.py DISTINCT_LAYERS) time the executor as the whole state does? Qwen3-4B
     # host-bound (mb 1, window 3: casts can meet updates of layers sharing their memory) and
