@@ -22,7 +22,7 @@ from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import LayerTime, load_hardware, parse_hardware, preset_dir
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import GradRoute, Plan, default_plan
+from slidedp.spec.plan import GradRoute, ParamRoute, Plan, default_plan
 from slidedp.spec.segments import policy_cost, segment_costs
 from slidedp.spec.workload import Workload
 
@@ -277,3 +277,42 @@ def test_the_policy_shortlist_prices_recompute_as_the_costs_do():
                  for p in profile_policies(hw, Workload(m, 16384, 1, 1, 1))}
     assert fractions["layer"] == pytest.approx(1.0)
     assert fractions["sac"] == pytest.approx(4.23 / 11.66, rel=1e-6)
+
+
+def _with_agent_gaps(tmp_path, line: str):
+    text = (preset_dir() / "h200x2.toml").read_text()
+    path = tmp_path / "gaps.toml"
+    path.write_text(text.replace("cast_dram_bytes_per_elem = 6\n",
+                                 f"cast_dram_bytes_per_elem = 6\n{line}\n", 1))
+    return load_hardware(str(path))
+
+
+def test_the_dispatch_cost_lengthens_each_cast_and_update_and_the_host_bound_step(tmp_path):
+    """host.agent_gap_us adds its kind's dispatch seconds to every CAST and ADAM (nothing else),
+    and the host-bound step grows by at most that much per such task, by more than the update
+    chain's share of it."""
+    base = load_hardware("h200x2")
+    hw = _with_agent_gaps(tmp_path, "agent_gap_us = { cast = 80.0, adam = 120.0 }")
+    assert dict(hw.host.task_gap_s) == pytest.approx({"cast": 80e-6, "adam": 120e-6})
+    wl, g = _graph()
+    d0, d1 = task_durations(g, base, wl), task_durations(g, hw, wl)
+    gap = {int(Kind.CAST): 80e-6, int(Kind.ADAM): 120e-6}
+    assert np.allclose(d1 - d0, [gap.get(int(k), 0.0) for k in g.kind])
+    wl1 = Workload(load_model("qwen3-4b"), 4096, 1, 1, 1)  # host-bound: the update chain binds
+    plan = Plan(**{**default_plan("nvswitch").__dict__, "param_route": ParamRoute.REPLICATED})
+    s0, s1 = simulate(base, wl1, plan), simulate(hw, wl1, plan)
+    g1 = build_graph(wl1, plan, cores=32, iterations=1)
+    adams = int(np.sum(g1.kind == int(Kind.ADAM)))
+    casts = int(np.sum(g1.kind == int(Kind.CAST)))
+    grown = s1.step_time_s - s0.step_time_s
+    assert 0.5 * adams * 120e-6 < grown <= adams * 120e-6 + casts * 80e-6
+
+
+@pytest.mark.parametrize("line, why", [
+    ("agent_gap_us = { h2d = 5.0 }", "one of cast, adam"),
+    ("agent_gap_us = { adam = -1.0 }", r"microseconds in \[0, 10000\)"),
+    ("agent_gap_us = 100.0", "a table"),
+])
+def test_bad_dispatch_costs_are_refused(tmp_path, line, why):
+    with pytest.raises(SpecError, match=why):
+        _with_agent_gaps(tmp_path, line)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from slidedp.commands import profile as profile_cmd
+from slidedp.profile import agents
 from slidedp.profile import host as host_mod
 from slidedp.profile import sizes as sizes_mod
 from slidedp.profile.assemble import Assembler, unmeasured
@@ -556,3 +557,19 @@ def test_a_timed_sample_repeats_short_kernels_for_its_minimum_duration(monkeypat
     assert per_call == pytest.approx(0.004)  # the time per call, not per sample
     calls.clear()
     assert timing.wall_median_s(kernel, 0, 3) == pytest.approx(0.004) and len(calls) == 3
+
+
+def test_the_executor_dispatch_cost_is_measured_and_written():
+    """profile/agents.py on the CPU: a real executor run gives a median dispatch gap per CPU
+    agent kind over ready pairs; the assembler writes it as host.agent_gap_us, which the model
+    reads back as HostSpec.task_gap_s."""
+    gaps = agents.measure(dict(load_model("tiny-qwen3").config), 32, "cpu", chunk_mib=1 / 64)
+    assert set(gaps.gap_s) == {"cast", "adam"} and min(gaps.pairs.values()) >= 3
+    assert all(0 <= s < 0.05 for s in gaps.gap_s.values()), gaps
+    res = _fake_results()
+    res.agent_gaps = ("tiny-qwen3", 32, agents.AgentGaps({"cast": 70e-6, "adam": 0.12e-3},
+                                                        {"cast": 40, "adam": 90}))
+    hw = parse_hardware(tomllib.loads(dumps(Assembler(FAKE, _request(), res, load_hardware(
+        "h200x1")).document("fake"))), "fake.toml")
+    assert dict(hw.host.task_gap_s) == pytest.approx({"cast": 70e-6, "adam": 120e-6})
+    assert "cast 40 pairs, adam 90 pairs" in hw.host.sources["agent_gap_us"]

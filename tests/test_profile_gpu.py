@@ -108,6 +108,10 @@ def test_profile_command_writes_a_measured_spec(tmp_path, monkeypatch):
     assert all(0 < lt.sac_recompute_fraction < 1 and "sac_recompute_fraction" in lt.source
                for lt in hw.gpu.layer_times)
     assert [c for c, _ in hw.host.cast_chunk] == [2 * MIB, 32 * MIB]  # BF16 elements
+    # the executor's dispatch cost per CPU task, from a short run of the model cut to 2 layers
+    assert set(hw.host.task_gap_s) == {"cast", "adam"}
+    assert all(0 <= s < 0.01 for s in hw.host.task_gap_s.values())
+    assert "qwen3-0.6b cut to 2 decoder layers" in hw.host.sources["agent_gap_us"]
     assert "pinned with cudaHostRegister" in hw.host.sources["cast_chunk_gelem_per_s"]
     assert "slidedp profile" in hw.pcie.sources["h2d_gbps"]
     assert [c for c, _, _ in hw.pcie.chunk_bps] == [4 * MIB, 64 * MIB]

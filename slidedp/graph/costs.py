@@ -28,7 +28,11 @@ Durations are each task alone on its agent at the full rate of its resources (no
                           host_bf16_copy (meta["adam_writes_copy"]) each ADAM also writes the
                           BF16 copy from the updated master, a cast pass of its chunk by the
                           update worker's team (engine._run_adam): + elements / (cast rate x
-                          share) and the cast's DRAM bytes
+                          share) and the cast's DRAM bytes. Both + the executor's dispatch
+                          cost per task on its CPU agents where measured (HostSpec.task_gap_s,
+                          profile/agents.py): it delays the task on its agent by that much; the
+                          simulator stretches it with the kernel's share of a contended cap, a
+                          second-order error (the gap is ~0.1 ms of a 2-4 ms task)
   HOST_SUM                bytes / host DRAM rate (dram_bps)
   ALLGATHER, REDUCE       the fabric's collective time (ring bytes / bus rate + latency)
 Resources (each with a capacity per second; the analytic lower bound sums work over them, the
@@ -152,6 +156,8 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
         d[idx] = work[idx] / rates
         if g.meta.get("adam_writes_copy"):
             d[idx] += cast_s(idx)
+    for kind, key in ((Kind.CAST, "cast"), (Kind.ADAM, "adam")):
+        d[sel[kind]] += hw.host.task_gap_s.get(key, 0.0)
     d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / dram_bps(g, hw)
     for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
         d[v] = hw.fabric.collective_s(COLLECTIVE_OPS[g.op[v]], work[v], g.n_ranks)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 
 from slidedp.exec.adamw import WIDEN_BLOCK
+from slidedp.profile import agents
 from slidedp.profile.compute import LayerTiming
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes, gpu_link_matrix, nv_peers
 from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_ELEM
@@ -351,6 +352,16 @@ class Assembler:
                 f"{max(s.chunk_mib)} MiB both ways at once, pinned (a thread per GPU), for "
                 f"{TEAMS_S_PER_REPEAT * s.repeats:g} s: (the teams' bytes + the copies' bytes) / "
                 "time, all host-memory traffic of the executor's mix")
+        if res.agent_gaps is not None and res.agent_gaps[2].gap_s:
+            name, seq, gaps = res.agent_gaps
+            t["agent_gap_us"] = {k: g4(v * 1e6) for k, v in gaps.gap_s.items()}
+            t["sources"]["agent_gap_us"] = m.source(
+                f"measured: the executor (slidedp.exec.Engine, {name} cut to {agents.LAYERS} "
+                f"decoder layers, seq {seq}, one sequence, {agents.CHUNK_MIB:g} MiB chunks, "
+                f"{agents.STEPS} steps), its last step: per CPU agent kind, the median of "
+                "start(next task) - end(previous task) over consecutive tasks of one agent whose "
+                "next task's inputs had all ended before (" + ", ".join(
+                    f"{k} {n} pairs" for k, n in gaps.pairs.items()) + "); profile/agents.py")
         if chunked:
             chunks = sorted({c for c, _ in chunked})
             t["cast_chunk_gelem_per_s"] = [[c // MIB, n, g4(chunked[(c, n)] / 1e9)]

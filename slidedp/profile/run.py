@@ -2,8 +2,9 @@
 
 What is measured depends on the machine: the host always (its cast also by chunk size, into a
 pinned ring with CUDA); PCIe, the layer timings (short runs per policy, then one sustained
-back-to-back run per shape, and policy sac's recompute with the executor's policy code) and the
-matmul with CUDA; all-GPU PCIe runs, P2P and NCCL
+back-to-back run per shape, and policy sac's recompute with the executor's policy code), the
+matmul and the executor's dispatch cost per CPU task (a short run of the first model cut to 2
+layers, profile/agents.py) with CUDA; all-GPU PCIe runs, P2P and NCCL
 collectives with two GPUs or more and a known fabric kind. Buffers are allocated by a setup step
 before a group and freed after it, so the timed steps only run kernels and copies.
 """
@@ -19,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from slidedp.exec.policy_profile import profile_layer_policy
-from slidedp.profile import compute, fabric, host, pcie
+from slidedp.profile import agents, compute, fabric, host, pcie
 from slidedp.profile.machine import Machine
 from slidedp.profile.sizes import MIB, Sizes
 from slidedp.spec.model import ACTIVATION_POLICIES, BF16, FP32, ModelSpec
@@ -74,6 +75,8 @@ class Results:
     link_bps: float = 0.0
     cross_pair_bps: float = 0.0
     collective_s: dict[tuple[str, int], float] = field(default_factory=dict)
+    # the executor's dispatch cost per CPU task: (model, seq, its measurement); None: not run
+    agent_gaps: tuple[str, int, agents.AgentGaps] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ class Profiler:
     def steps(self) -> list[Step]:
         out = self._host_steps()
         if self.m.gpu_count:
-            out += self._pcie_steps() + self._compute_steps()
+            out += self._pcie_steps() + self._compute_steps() + self._agent_steps()
             if self.m.gpu_count >= 2 and self.req.fabric_kind:
                 out += self._fabric_steps()
         return out
@@ -269,6 +272,19 @@ class Profiler:
                     steps.append(Step(f"{spec.name} layer seq {q} mb {b} sac recompute",
                                       lambda a=(spec, q, b): sac_recompute(*a)))
         return [*steps, Step("free the layer", self._free_layer)] if self.req.models else steps
+
+    def _agent_steps(self) -> list[Step]:
+        if not self.req.models:
+            return []
+        spec, seq = self.req.models[0], self.req.seqs[0]
+
+        def run():
+            gc.collect()
+            torch.cuda.empty_cache()
+            self.res.agent_gaps = (spec.name, seq, agents.measure(dict(spec.config), seq, "cuda"))
+
+        return [Step(f"executor dispatch per CPU task ({spec.name} cut to {agents.LAYERS} layers)",
+                     run)]
 
     def _free_layer(self) -> None:
         self._layer = None

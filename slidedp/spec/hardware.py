@@ -29,6 +29,8 @@ Schema (units in names):
               within a chunk. When present, CAST tasks take it (cast_rate with chunk_elems)
               adam_bf16_grad_gparam_per_s = [[threads, rate]]  (optional) Adam on a BF16
               gradient widened in cache (plan.grad_widen = host; HostSpec.adam_rate)
+              agent_gap_us = { cast = us, adam = us }  (optional) the executor's dispatch cost
+              per CAST / ADAM task on its CPU agents (profile/agents.py; HostSpec.task_gap_s)
   [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
               cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
               efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
@@ -186,6 +188,10 @@ class HostSpec:
     # Adam on a BF16 gradient widened in cache (plan.grad_widen = host), against threads; None:
     # not measured (profiles before 2026-12-01, presets): the FP32 gradient's curve stands in
     adam_bf16_grad_params_per_s: RateCurve | None = None
+    # the executor's dispatch seconds per task on its CPU agents, by kind ("cast", "adam"): added
+    # to those tasks' durations (graph/costs.py); empty: not measured (profiles before
+    # 2026-12-01 08:00, presets), no dispatch cost
+    task_gap_s: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     def cast_rate(self, threads: float, chunk_elems: float | None = None) -> float:
         """Elements/s of the FP32 -> BF16 cast with `threads` threads; with `chunk_elems` and a
@@ -357,7 +363,7 @@ def _host(t: Table) -> HostSpec:
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
     src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
                                           "dram_teams_cast_gbps", "dram_dma_gbps",
-                                          "adam_bf16_grad_gparam_per_s")
+                                          "adam_bf16_grad_gparam_per_s", "agent_gap_us")
                           if t.has(k)])
     teams = dma = None
     if t.has("dram_teams_gbps"):
@@ -392,9 +398,29 @@ def _host(t: Table) -> HostSpec:
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
                               src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast, dma,
-                 adam_bf16)
+                 adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where))
     t.done()
     return h
+
+
+AGENT_GAP_KINDS = ("cast", "adam")
+
+
+def _agent_gaps(table, where: str) -> MappingProxyType:
+    """host.agent_gap_us -> {kind: seconds}: a table of the kinds in AGENT_GAP_KINDS, each a
+    finite number of microseconds in [0, 10000)."""
+    name = "host.agent_gap_us"
+    if not isinstance(table, dict):
+        raise SpecError(where, name, f"a table {{ cast = us, adam = us }}, got {table!r}")
+    out = {}
+    for k, v in table.items():
+        if k not in AGENT_GAP_KINDS:
+            raise SpecError(where, f"{name}.{k}", f"one of {', '.join(AGENT_GAP_KINDS)}")
+        if not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and 0 <= v < 1e4):
+            raise SpecError(where, f"{name}.{k}", f"microseconds in [0, 10000), got {v!r}")
+        out[k] = float(v) * 1e-6
+    return MappingProxyType(out)
 
 
 def _triples(rows, where: str, name: str, shape: str, width: int = 3) -> list[list]:

@@ -1,0 +1,90 @@
+"""The executor's dispatch cost per task on its CPU agents, measured in a short real run.
+
+Between two tasks of one CPU agent (the cast agent, an update worker) the executor spends time
+outside the kernels: waiting on the events of the next task's inputs, its Python (slicing the
+host state, bookkeeping, timing), the kernel's start. Where every input of the next task had
+completed before the previous task ended, that whole interval is dispatch cost: the stored traces
+of 2026-12-01 show 0.11-0.15 ms between chunk updates (a mean; Qwen3-4B and 8B on the H200
+hosts), which the model did not count and which adds up over the ~280 chunk updates of a
+host-bound Qwen3-4B step. The model adds the measured cost to every CAST and ADAM (graph/costs.py
+task_durations, from HostSpec.task_gap_s).
+
+measure() runs slidedp.exec.Engine (random weights) on the model at hand cut to LAYERS decoder
+layers, one sequence per step, CHUNK_MIB chunks (many tasks a step) and the default window, for
+STEPS steps; ready_gaps() takes the last step's Timeline and, per agent kind, the median of
+start(next) - end(previous) over consecutive tasks of one agent whose next task was ready (its
+inputs from other agents, Template.preds, all ended before the previous task did).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from slidedp.exec.engine import Engine
+from slidedp.exec.template import Template
+from slidedp.graph.timeline import Record
+from slidedp.spec.model import first_layers_config, parse_hf_config
+from slidedp.spec.plan import ParamRoute, Plan
+from slidedp.spec.workload import Workload
+from slidedp.validate.runner import OPTIMIZER, random_host_state
+
+LAYERS = 2
+CHUNK_MIB = 16.0
+STEPS = 4
+KINDS = {"CAST": "cast", "ADAM": "adam"}  # the Kind of a CPU task -> its HostSpec.task_gap_s key
+
+
+@dataclass(frozen=True)
+class AgentGaps:
+    gap_s: dict[str, float]  # "cast" / "adam" -> median dispatch seconds
+    pairs: dict[str, int]  # ready pairs each median is over
+
+
+def ready_gaps(tpl: Template, records: list[Record]) -> AgentGaps:
+    """Median dispatch seconds per CPU agent kind (module docstring); `records` are one step's
+    Timeline records, in the order Engine writes them (this process's tasks by task id)."""
+    local = [v for v in range(tpl.n) if tpl.local[v]]
+    if len(local) != len(records):
+        raise ValueError(f"{len(records)} records for {len(local)} local tasks")
+    rec = dict(zip(local, records, strict=True))
+    by_agent: dict[str, list[int]] = defaultdict(list)
+    for v, r in rec.items():
+        if r.kind in KINDS:
+            by_agent[r.agent].append(v)
+    gaps: dict[str, list[float]] = defaultdict(list)
+    for vs in by_agent.values():
+        vs.sort(key=lambda v: rec[v].start_s)
+        for a, b in zip(vs, vs[1:], strict=False):
+            end_a = rec[a].end_s
+            if all(rec[u].end_s <= end_a for u in tpl.preds[b] if u in rec):
+                gaps[KINDS[rec[b].kind]].append(rec[b].start_s - end_a)
+    return AgentGaps({k: max(0.0, statistics.median(v)) for k, v in gaps.items()},
+                     {k: len(v) for k, v in gaps.items()})
+
+
+def measure(model_config: dict, seq: int, device: str, chunk_mib: float = CHUNK_MIB,
+            steps: int = STEPS) -> AgentGaps:
+    """The executor's dispatch cost per CPU agent kind on this machine (module docstring)."""
+    cfg = first_layers_config(model_config, LAYERS)
+    spec = parse_hf_config(cfg, f"the profiled model cut to {LAYERS} layers")
+    wl = Workload(spec, seq, 1, 1, 1)
+    plan = Plan(param_route=ParamRoute.REPLICATED, h2d_chunk_mib=chunk_mib, d2h_chunk_mib=chunk_mib)
+    hs = random_host_state(cfg, None, None)
+    try:
+        eng = Engine(cfg, wl, plan, device=device,
+                     dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                     optimizer=OPTIMIZER, host_state=hs)
+        try:
+            data = torch.randint(0, spec.vocab_size, (1, seq),
+                                 generator=torch.Generator().manual_seed(0))
+            for _ in range(steps):
+                last = eng.step(data)
+            return ready_gaps(eng.tpl, last.timeline.records)
+        finally:
+            eng.close()
+    finally:
+        hs.close()
