@@ -15,11 +15,13 @@ import sys
 import threading
 import time
 import tomllib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from slidedp.commands import profile as profile_cmd
+from slidedp.graph.timeline import Record
 from slidedp.profile import agents
 from slidedp.profile import host as host_mod
 from slidedp.profile import sizes as sizes_mod
@@ -557,6 +559,32 @@ def test_a_timed_sample_repeats_short_kernels_for_its_minimum_duration(monkeypat
     assert per_call == pytest.approx(0.004)  # the time per call, not per sample
     calls.clear()
     assert timing.wall_median_s(kernel, 0, 3) == pytest.approx(0.004) and len(calls) == 3
+
+
+def test_ready_gaps_pairs_every_task_of_an_agent_and_keeps_ready_casts_and_updates():
+    """Hand-made step: on cpu.update0 a HOST_SUM sits between two ADAMs (the pair after it counts:
+    the gap is from the HOST_SUM's end), one ADAM waited on its D2H (not ready: left out), one on
+    another process (left out); on cpu.cast the second CAST was ready."""
+    def rec(kind, agent, s, e):
+        return Record(0, kind, 1, 0, 0, agent, s, e)
+
+    records = [rec("D2H", "gpu0.d2h", 0.0, 1.0),           # 0
+               rec("ADAM", "cpu.update0", 1.0, 2.0),      # 1 (first on its agent)
+               rec("HOST_SUM", "cpu.update0", 2.1, 3.0),  # 2
+               rec("ADAM", "cpu.update0", 3.2, 4.0),      # 3 ready: gap 0.2
+               rec("D2H", "gpu0.d2h", 1.0, 4.5),          # 4
+               rec("ADAM", "cpu.update0", 4.6, 5.0),      # 5 waited on 4: not ready
+               rec("ADAM", "cpu.update0", 5.4, 6.0),      # 6 waits on another process
+               rec("CAST", "cpu.cast", 0.0, 1.0),         # 7
+               rec("CAST", "cpu.cast", 1.05, 2.0)]        # 8 ready: gap 0.05
+    tpl = SimpleNamespace(n=9, local=[True] * 9,
+                          preds=[[], [0], [], [0], [], [4], [], [], []],
+                          remote=[[], [], [], [], [], [], [99], [], []])
+    gaps = agents.ready_gaps(tpl, records)
+    assert gaps.gap_s == pytest.approx({"adam": 0.2, "cast": 0.05})
+    assert gaps.pairs == {"adam": 1, "cast": 1}
+    with pytest.raises(ValueError, match="8 records for 9 local tasks"):
+        agents.ready_gaps(tpl, records[:-1])
 
 
 def test_the_executor_dispatch_cost_is_measured_and_written():

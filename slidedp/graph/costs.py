@@ -30,9 +30,11 @@ Durations are each task alone on its agent at the full rate of its resources (no
                           update worker's team (engine._run_adam): + elements / (cast rate x
                           share) and the cast's DRAM bytes. Both + the executor's dispatch
                           cost per task on its CPU agents where measured (HostSpec.task_gap_s,
-                          profile/agents.py): it delays the task on its agent by that much; the
-                          simulator stretches it with the kernel's share of a contended cap, a
-                          second-order error (the gap is ~0.1 ms of a 2-4 ms task)
+                          profile/agents.py): it delays the task on its agent by that much
+                          (host.cores counts the kernel's time only). The simulator runs the
+                          gap at the task's contended speed s, stretching it by 1/s (at s =
+                          0.5 by the whole gap: ~0.1 ms of a 2-4 ms task) and holding the
+                          team's cores through it
   HOST_SUM                bytes / host DRAM rate (dram_bps)
   ALLGATHER, REDUCE       the fabric's collective time (ring bytes / bus rate + latency)
 Resources (each with a capacity per second; the analytic lower bound sums work over them, the
@@ -229,6 +231,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
     threads = held_cores(g).tolist()
     copy_pass = bool(g.meta.get("adam_writes_copy"))
     adam_bytes = adam_dram_bytes(g, hw)
+    gap = {int(Kind.CAST): h.task_gap_s.get("cast", 0.0), int(Kind.ADAM): h.task_gap_s.get("adam", 0.0)}
     dur = durations.tolist()
     for v, k in enumerate(kinds):
         r, w = ranks[v], work[v]
@@ -240,12 +243,12 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         elif k in (Kind.D2H, Kind.ACT_OFFLOAD):
             use(f"gpu{r}.d2h", w), use(f"gpu{r}.duplex", w), use("host.d2h", w)
             use("host.pcie", w), use(dma_dram, w)
-        elif k == Kind.CAST:
+        elif k == Kind.CAST:  # cores for the kernel: its team idles through the dispatch gap
             host_bytes(w * h.cast_dram_bytes_per_elem)
-            use("host.cores", threads[v] * dur[v])
+            use("host.cores", threads[v] * (dur[v] - gap[k]))
         elif k == Kind.ADAM:
             host_bytes(w * (adam_bytes + (h.cast_dram_bytes_per_elem if copy_pass else 0)))
-            use("host.cores", threads[v] * dur[v])
+            use("host.cores", threads[v] * (dur[v] - gap[k]))
         elif k == Kind.HOST_SUM:
             host_bytes(w)
             use("host.cores", threads[v] * dur[v])

@@ -10,10 +10,14 @@ host-bound Qwen3-4B step. The model adds the measured cost to every CAST and ADA
 task_durations, from HostSpec.task_gap_s).
 
 measure() runs slidedp.exec.Engine (random weights) on the model at hand cut to LAYERS decoder
-layers, one sequence per step, CHUNK_MIB chunks (many tasks a step) and the default window, for
-STEPS steps; ready_gaps() takes the last step's Timeline and, per agent kind, the median of
-start(next) - end(previous) over consecutive tasks of one agent whose next task was ready (its
-inputs from other agents, Template.preds, all ended before the previous task did).
+layers, one sequence per step, the default plan's chunks (64 MiB: the gap depends on the chunk
+size, a median of 0.12 ms at 64 MiB and 0.05 ms at 256 MiB in the 2026-12-01 traces, and one
+figure stands for all sizes), for STEPS steps; ready_gaps() takes the last step's Timeline and,
+per agent kind, the median of start(next) - end(previous) over consecutive tasks of one agent
+(whatever the previous one's kind) whose next task is a CAST or an ADAM and was ready: its inputs
+from other agents (Template.preds) all ended before the previous task did, and none from another
+process (Template.remote). A 2-layer run leaves the GPU agents' threads idler than a whole
+model's, so it may read low where the GIL is contended.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from slidedp.spec.workload import Workload
 from slidedp.validate.runner import OPTIMIZER, random_host_state
 
 LAYERS = 2
-CHUNK_MIB = 16.0
 STEPS = 4
 KINDS = {"CAST": "cast", "ADAM": "adam"}  # the Kind of a CPU task -> its HostSpec.task_gap_s key
 
@@ -53,20 +56,20 @@ def ready_gaps(tpl: Template, records: list[Record]) -> AgentGaps:
     rec = dict(zip(local, records, strict=True))
     by_agent: dict[str, list[int]] = defaultdict(list)
     for v, r in rec.items():
-        if r.kind in KINDS:
-            by_agent[r.agent].append(v)
+        by_agent[r.agent].append(v)
     gaps: dict[str, list[float]] = defaultdict(list)
     for vs in by_agent.values():
         vs.sort(key=lambda v: rec[v].start_s)
         for a, b in zip(vs, vs[1:], strict=False):
             end_a = rec[a].end_s
-            if all(rec[u].end_s <= end_a for u in tpl.preds[b] if u in rec):
+            if (rec[b].kind in KINDS and not tpl.remote[b]
+                    and all(rec[u].end_s <= end_a for u in tpl.preds[b])):
                 gaps[KINDS[rec[b].kind]].append(rec[b].start_s - end_a)
     return AgentGaps({k: max(0.0, statistics.median(v)) for k, v in gaps.items()},
                      {k: len(v) for k, v in gaps.items()})
 
 
-def measure(model_config: dict, seq: int, device: str, chunk_mib: float = CHUNK_MIB,
+def measure(model_config: dict, seq: int, device: str, chunk_mib: float = Plan().h2d_chunk_mib,
             steps: int = STEPS) -> AgentGaps:
     """The executor's dispatch cost per CPU agent kind on this machine (module docstring)."""
     cfg = first_layers_config(model_config, LAYERS)

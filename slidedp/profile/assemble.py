@@ -33,6 +33,7 @@ from slidedp.profile.pcie import DIRECTIONS
 from slidedp.profile.run import TEAMS_S_PER_REPEAT, Request, Results
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, GB, GIB, HardwareSpec
+from slidedp.spec.plan import Plan
 
 MIB = 2**20
 GPU_KEYS = ("count", "hbm_gib", "hbm_gbps", "peak_bf16_tflops", "achieved")
@@ -357,7 +358,8 @@ class Assembler:
             t["agent_gap_us"] = {k: g4(v * 1e6) for k, v in gaps.gap_s.items()}
             t["sources"]["agent_gap_us"] = m.source(
                 f"measured: the executor (slidedp.exec.Engine, {name} cut to {agents.LAYERS} "
-                f"decoder layers, seq {seq}, one sequence, {agents.CHUNK_MIB:g} MiB chunks, "
+                f"decoder layers, seq {seq}, one sequence, the default plan's "
+                f"{Plan().h2d_chunk_mib:g} MiB chunks, "
                 f"{agents.STEPS} steps), its last step: per CPU agent kind, the median of "
                 "start(next task) - end(previous task) over consecutive tasks of one agent whose "
                 "next task's inputs had all ended before (" + ", ".join(

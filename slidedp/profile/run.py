@@ -281,7 +281,14 @@ class Profiler:
         def run():
             gc.collect()
             torch.cuda.empty_cache()
-            self.res.agent_gaps = (spec.name, seq, agents.measure(dict(spec.config), seq, "cuda"))
+            try:
+                gaps = agents.measure(dict(spec.config), seq, "cuda")
+            except (torch.cuda.OutOfMemoryError, OSError) as e:  # GPU memory, /dev/shm
+                self.res.layers_skipped.append(
+                    f"the executor's dispatch run ({spec.name} cut to {agents.LAYERS} layers): "
+                    f"{str(e).splitlines()[0]}")
+            else:
+                self.res.agent_gaps = (spec.name, seq, gaps)
 
         return [Step(f"executor dispatch per CPU task ({spec.name} cut to {agents.LAYERS} layers)",
                      run)]

@@ -12,6 +12,9 @@ the benchmark reports:
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import MappingProxyType
+
 import numpy as np
 
 from slidedp.graph.costs import task_durations
@@ -77,7 +80,9 @@ def placeholder_workload(gpus: int) -> Workload:
 
 
 def run_sketch(sk: GraphSketch, hw: HardwareSpec, cfg: SimConfig | None = None):
+    """The sketch simulated as the profile's bare kernels run: no executor dispatch cost."""
     g = sk.graph()
+    hw = replace(hw, host=replace(hw.host, task_gap_s=MappingProxyType({})))
     d = task_durations(g, hw, placeholder_workload(sk.n_ranks))
     return simulate_graph(g, hw, d, cfg or SimConfig(iterations=3)).run
 
