@@ -31,6 +31,7 @@ from slidedp.profile.fabric import LATENCY_BYTES, fabric_kind, gpu_link_matrix
 from slidedp.profile.machine import Machine, probe_machine
 from slidedp.profile.run import Request, Results
 from slidedp.profile.sizes import MIB, Sizes
+from slidedp.profile.summary import summary
 from slidedp.profile.timing import run_together
 from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
@@ -601,3 +602,6 @@ def test_the_executor_dispatch_cost_is_measured_and_written():
         "h200x1")).document("fake"))), "fake.toml")
     assert dict(hw.host.task_gap_s) == pytest.approx({"cast": 70e-6, "adam": 120e-6})
     assert "cast 40 pairs, adam 90 pairs" in hw.host.sources["agent_gap_us"]
+    text = summary(_request(), res, hw, "fake.toml")
+    assert "executor dispatch per CPU task (tiny-qwen3 cut to 2 layers, seq 32): cast 70 us over " \
+           "40 ready pairs, adam 120 us over 90 ready pairs" in text

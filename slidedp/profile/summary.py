@@ -7,6 +7,7 @@ collectives' bus bandwidth against the P2P link.
 
 from __future__ import annotations
 
+from slidedp.profile.agents import LAYERS
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes
 from slidedp.profile.run import Request, Results
 from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
@@ -82,8 +83,13 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
             [[t.model, str(t.seq), str(t.micro_batch), t.policy, f"{t.fwd_s * 1e3:.2f}",
               f"{t.bwd_s * 1e3:.2f}", f"{t.total_s * 1e3:.2f}", f"{t.flops_per_s / 1e12:.0f}",
               *sustained(t)] for t in res.layers]))
+    if res.agent_gaps is not None:
+        name, seq, gaps = res.agent_gaps
+        parts.append(f"executor dispatch per CPU task ({name} cut to {LAYERS} layers, seq {seq}): "
+                     + ", ".join(f"{k} {v * 1e6:.0f} us over {gaps.pairs[k]} ready pairs"
+                                 for k, v in gaps.gap_s.items()))
     if res.layers_skipped:
-        parts.append("out of GPU memory, skipped: " + "; ".join(res.layers_skipped))
+        parts.append("out of memory, skipped: " + "; ".join(res.layers_skipped))
     if res.collective_s:
         n, link = spec.gpu.count, res.link_bps
         sizes = [c * MIB for c in req.sizes.collective_mib]
