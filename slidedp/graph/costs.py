@@ -158,12 +158,20 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
         d[idx] = work[idx] / rates
         if g.meta.get("adam_writes_copy"):
             d[idx] += cast_s(idx)
-    for kind, key in ((Kind.CAST, "cast"), (Kind.ADAM, "adam")):
-        d[sel[kind]] += hw.host.task_gap_s.get(key, 0.0)
+    d += task_gaps_s(g, hw)
     d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / dram_bps(g, hw)
     for v in np.flatnonzero(sel[Kind.ALLGATHER] | sel[Kind.REDUCE]):
         d[v] = hw.fabric.collective_s(COLLECTIVE_OPS[g.op[v]], work[v], g.n_ranks)
     return d
+
+
+def task_gaps_s(g: TaskGraph, hw: HardwareSpec) -> np.ndarray:
+    """Per task, the executor's measured dispatch seconds before it on its CPU agent
+    (HostSpec.task_gap_s, by kind: spec/hardware.py AGENT_GAP_KINDS); 0 elsewhere."""
+    gaps = np.zeros(g.n_tasks)
+    for key, gap_s in hw.host.task_gap_s.items():
+        gaps[g.kind == int(Kind[key.upper()])] = gap_s
+    return gaps
 
 
 def flops_per_hbm_byte(hw: HardwareSpec, wl: Workload) -> float:
@@ -231,7 +239,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
     threads = held_cores(g).tolist()
     copy_pass = bool(g.meta.get("adam_writes_copy"))
     adam_bytes = adam_dram_bytes(g, hw)
-    gap = {int(Kind.CAST): h.task_gap_s.get("cast", 0.0), int(Kind.ADAM): h.task_gap_s.get("adam", 0.0)}
+    kernel_s = (durations - task_gaps_s(g, hw)).tolist()  # cores: the team idles in the gap
     dur = durations.tolist()
     for v, k in enumerate(kinds):
         r, w = ranks[v], work[v]
@@ -243,12 +251,12 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         elif k in (Kind.D2H, Kind.ACT_OFFLOAD):
             use(f"gpu{r}.d2h", w), use(f"gpu{r}.duplex", w), use("host.d2h", w)
             use("host.pcie", w), use(dma_dram, w)
-        elif k == Kind.CAST:  # cores for the kernel: its team idles through the dispatch gap
+        elif k == Kind.CAST:
             host_bytes(w * h.cast_dram_bytes_per_elem)
-            use("host.cores", threads[v] * (dur[v] - gap[k]))
+            use("host.cores", threads[v] * kernel_s[v])
         elif k == Kind.ADAM:
             host_bytes(w * (adam_bytes + (h.cast_dram_bytes_per_elem if copy_pass else 0)))
-            use("host.cores", threads[v] * (dur[v] - gap[k]))
+            use("host.cores", threads[v] * kernel_s[v])
         elif k == Kind.HOST_SUM:
             host_bytes(w)
             use("host.cores", threads[v] * dur[v])

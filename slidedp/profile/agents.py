@@ -31,6 +31,7 @@ import torch
 from slidedp.exec.engine import Engine
 from slidedp.exec.template import Template
 from slidedp.graph.timeline import Record
+from slidedp.spec.hardware import AGENT_GAP_KINDS
 from slidedp.spec.model import first_layers_config, parse_hf_config
 from slidedp.spec.plan import ParamRoute, Plan
 from slidedp.spec.workload import Workload
@@ -38,7 +39,7 @@ from slidedp.validate.runner import OPTIMIZER, random_host_state
 
 LAYERS = 2
 STEPS = 4
-KINDS = {"CAST": "cast", "ADAM": "adam"}  # the Kind of a CPU task -> its HostSpec.task_gap_s key
+KINDS = {k.upper(): k for k in AGENT_GAP_KINDS}  # a CPU task's Kind -> its task_gap_s key
 
 
 @dataclass(frozen=True)

@@ -403,7 +403,7 @@ def _host(t: Table) -> HostSpec:
     return h
 
 
-AGENT_GAP_KINDS = ("cast", "adam")
+AGENT_GAP_KINDS = ("cast", "adam")  # lower-case names of the Kinds a dispatch cost applies to
 
 
 def _agent_gaps(table, where: str) -> MappingProxyType:
