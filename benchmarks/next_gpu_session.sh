@@ -18,8 +18,8 @@
 #                                                      #   the cast under load, MODEL's validation
 #                                                      #   cases, 1:1 with 12 + 18 teams
 #   bash benchmarks/next_gpu_session.sh h200-ratio OUT # nvidia-h200: profile, issue 4's ratio at mb 5/6/8
-#   bash benchmarks/next_gpu_session.sh h200-val OUT   # nvidia-h200, after h200-ratio: GPU tests, the
-#                                                      #   4B validation cases, 8B selection, probe state
+#   bash benchmarks/next_gpu_session.sh h200-val OUT   # nvidia-h200, after h200-ratio: the 4B
+#                                                      #   validation cases, the 8B selection time
 #   bash benchmarks/next_gpu_session.sh h200-widen OUT # nvidia-h200: BF16 gradient downloads (GPU
 #                                                      #   tests, profile, 4B ratio host vs gpu widen)
 #   HW=PROFILE [MODEL=qwen3-8b] bash benchmarks/next_gpu_session.sh ap OUT [MB SEQ]  # AutoPolicy vs sweep
@@ -133,26 +133,19 @@ h200-ratio)  # nvidia-h200, one call (~9 min): a profile of this lease (Qwen3-4B
     timeout 380 python3 benchmarks/multi_gpu.py "$OUT/h200-4b-ratio.jsonl" qwen3-4b ref:5 "5:5:$R" \
         ref:6 "6:6:$R" ref:8 "8:8:$R" "8:8:$R" ref:8 "6:6:$R" ref:6 "5:5:$R" ref:5 \
         --iters 10 --discard 5 || echo "ratio runs stopped at the time limit" ;;
-h200-val)  # nvidia-h200, the call after h200-ratio on the same lease (~9 min): the GPU tests of the
-    # code since 2026-12-01 04:41, the h200 4B validation cases on the profile h200-ratio kept
-    # (issue 6: the first GPU check of the modelled dispatch gaps), the probe's shared-layer host
-    # state against the whole one at the host-bound batch, and AutoPolicy's selection time at 8B
-    # with that state (issue 8; `slidedp plan --probe` only, no sweep)
+h200-val)  # nvidia-h200 (~8 min): the h200 4B validation cases on the profile h200-ratio kept on
+    # this lease, or on a fresh one (issue 6: the first GPU check of the modelled dispatch gaps),
+    # then AutoPolicy's selection time at 8B with the probes' shared-layer host state (issue 8;
+    # `slidedp plan --probe` only, no sweep)
     P=.devkeep/h200-profile.toml
-    [ -f "$P" ] || { echo "no profile kept from h200-ratio: measuring one"; \
-        python3 -m slidedp.cli profile --out "$P" --base h200x1 --model qwen3-4b qwen3-8b \
-            --micro-batch 1 2 4 --quick --name "h200-profile-$(date +%H%M)"; }
+    [ -f "$P" ] || { mkdir -p .devkeep; python3 -m slidedp.cli profile --out "$P" --base h200x1 \
+        --model qwen3-4b qwen3-8b --micro-batch 1 2 4 --quick --name "h200-profile-$(date +%H%M)"; }
     cp "$P" "$OUT/h200-profile-used.toml"
-    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_policy_probe.py \
-        tests/test_profile_gpu.py tests/test_exec_policy_profile.py 2>&1 | tail -15 \
-        | tee "$OUT/gpu-tests.txt" || true
-    timeout 170 python3 -m slidedp.cli validate --hardware "$P" --cases validation/cases-h200-4b.toml \
+    timeout 200 python3 -m slidedp.cli validate --hardware "$P" --cases validation/cases-h200-4b.toml \
         --machine nvidia-h200 --out "$OUT/val" --iters 6 --discard 3 --runs 1 || echo "validate stopped"
-    /usr/bin/time -f "selection wall %e s" timeout 120 python3 -m slidedp.cli plan --hardware "$P" \
+    /usr/bin/time -f "selection wall %e s" timeout 150 python3 -m slidedp.cli plan --hardware "$P" \
         --model qwen3-8b --gpus 1 --seq 4096 --micro-batch 4 --probe --device cuda \
-        --out "$OUT/plan-8b-mb4.toml" 2>&1 | tee "$OUT/plan-8b-mb4.txt" || true
-    timeout 150 python3 benchmarks/probe_state_check.py "$OUT/probe-state-4b-mb1.json" \
-        --model qwen3-4b --micro-batch 1 --iters 6 --discard 2 --runs 2 || echo "probe-state stopped" ;;
+        --out "$OUT/plan-8b-mb4.toml" 2>&1 | tee "$OUT/plan-8b-mb4.txt" || true ;;
 h200-widen)  # nvidia-h200, one call: the GPU tests of BF16 gradient downloads (plan.grad_widen),
     # a profile (Adam timed on a BF16 gradient), then issue 4's ratio at mb 4 and 5 with the
     # gradients widened on the host (default) against on the GPU, by the protocol (10 steps, mean

@@ -21,7 +21,7 @@ from test_exec_engine import CONFIGS
 
 from slidedp.exec.policy_profile import profile_layer_policy
 from slidedp.spec.errors import SpecError
-from slidedp.spec.model import parse_hf_config, preset_dir
+from slidedp.spec.model import load_model, parse_hf_config, preset_dir
 from slidedp.spec.segments import BF16, parse_policy, policy_cost
 
 SEQ, MB = 32, 2
@@ -71,6 +71,16 @@ def test_bad_inputs_are_spec_errors():
         profile_layer_policy(CONFIGS["llama"], "none", MB, SEQ, offload_ratio=1.5)
     with pytest.raises(SpecError):
         profile_layer_policy(CONFIGS["llama"] | {"model_type": "gpt2"}, "none", MB, SEQ)
+
+
+def test_preset_spec_config_is_accepted():
+    """`slidedp profile` passes a preset ModelSpec's config (a read-only mapping), not a dict:
+    the sac-recompute step failed on that on the GPU (2026-12-01 08:23) before hf_config took
+    any mapping."""
+    spec = load_model("tiny-qwen3")
+    assert not isinstance(spec.config, dict)
+    prof = profile_layer_policy(spec.config, "sac", 1, SEQ, repeats=1)
+    assert prof.fwd_s > 0 and prof.recompute_s > 0
 
 
 @pytest.mark.gpu

@@ -13,6 +13,8 @@ layers; anything else is a SpecError.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch.func import functional_call
 
@@ -23,10 +25,12 @@ SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
 
 
 def hf_config(config):
-    """A transformers PretrainedConfig from a config.json dict (or the config itself), validated."""
+    """A transformers PretrainedConfig from a config.json mapping (a dict, or a preset ModelSpec's
+    read-only config) or the config itself, validated."""
     from transformers import AutoConfig, PretrainedConfig
 
-    if isinstance(config, dict):
+    if isinstance(config, Mapping):
+        config = dict(config)
         family = config.get("model_type")
         if family not in SUPPORTED_FAMILIES:
             raise SpecError(
@@ -36,7 +40,7 @@ def hf_config(config):
             )
         config = AutoConfig.for_model(**config)
     elif not isinstance(config, PretrainedConfig):
-        raise SpecError("model config", "<root>", "a config.json dict or a PretrainedConfig")
+        raise SpecError("model config", "<root>", "a config.json mapping or a PretrainedConfig")
     if config.model_type not in SUPPORTED_FAMILIES:
         raise SpecError(
             "model config",
