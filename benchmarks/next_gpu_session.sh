@@ -139,7 +139,9 @@ h200-val)  # nvidia-h200 (~8 min): the h200 4B validation cases on the profile h
     # `slidedp plan --probe` only, no sweep)
     P=.devkeep/h200-profile.toml
     [ -f "$P" ] || { mkdir -p .devkeep; python3 -m slidedp.cli profile --out "$P" --base h200x1 \
-        --model qwen3-4b qwen3-8b --micro-batch 1 2 4 --quick --name "h200-profile-$(date +%H%M)"; }
+        --model qwen3-4b qwen3-8b --micro-batch 1 2 4 --quick --name "h200-profile-$(date +%H%M)" \
+        || { echo "profile failed: the stored 02:05 profile instead"; rm -f "$P"; \
+             cp benchmarks/results/2026-12-01-h200-profile-0205.toml "$P"; }; }
     cp "$P" "$OUT/h200-profile-used.toml"
     timeout 200 python3 -m slidedp.cli validate --hardware "$P" --cases validation/cases-h200-4b.toml \
         --machine nvidia-h200 --out "$OUT/val" --iters 6 --discard 3 --runs 1 || echo "validate stopped"
