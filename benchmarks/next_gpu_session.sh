@@ -34,16 +34,12 @@
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-# Left after the 2026-12-01 04:41 calls (the 06:04 session had no device time), in order:
-# `probe-state` (the probes' shared-layer host state against the whole one on a GPU host, ~3 min),
-# `ap-confirm` of the seq-16384 and mb-1 `ap` results (their sweeps are one 6-step run per plan,
-# ~5% spread), `MODEL=qwen3-8b ap 4` (issue 8 at 8B with the whole-plan scoring, the shared-layer
-# probe state and 3-step probes: the 8B selection took 70 s before; on nvidia-h200-x2 with a fresh
-# x2 profile, or on nvidia-h200, whose 125 GiB now hold the probes' 24 GB state and then the
-# sweep's 98 GB one), `h200` (issue 6: the h200 4B validation cases on a profile with the cast's
-# share), `h200-ratio` with its profile (issue 4: 0.904 at mb 5 on one lease, 0.830 by the
-# protocol on a slow one: say which host each ratio had), `x4` / x8 when lent (issue 7), each with
-# 10 steps where the call allows.
+# Left after the 2026-12-01 08:22-08:51 calls, in order: `x2-val` when nvidia-h200-x2 is lent
+# (issue 6: the x2 matrix on a profile that measures the dispatch gaps; then `MODEL=qwen3-4b x2-val`),
+# `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind; at 8B on
+# nvidia-h200 `sac` beat the choice by 3.5% in one protocol run: re-run there after the shortlist
+# change, `HW=benchmarks/results/2026-12-01-h200-profile-0829.toml MODEL=qwen3-8b ap OUT 4` and
+# `ap-confirm` with --top 2 in a call of its own), `x4` / x8 when lent (issue 7).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
