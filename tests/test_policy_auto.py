@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import slidedp.policy.activations as policy_activations
 import slidedp.policy.auto as auto
 from slidedp.model.memory import check_fits
-from slidedp.policy.activations import place, profile_policies, shortlist
+from slidedp.policy.activations import PolicyProfile, place, profile_policies, shortlist
 from slidedp.policy.auto import auto_plan, capped
 from slidedp.policy.milp import PolicyData, brute_force, memory_bytes, solve, step_cost_s
 from slidedp.policy.routes import TIE_REL, best_first, window_candidates
@@ -80,6 +80,57 @@ def test_shortlist_is_a_pareto_front_with_the_reference():
     for a, b in zip(front, front[1:], strict=False):
         assert a.retained_bytes_per_token < b.retained_bytes_per_token
         assert a.recompute_fraction > b.recompute_fraction
+
+
+@st.composite
+def _policy_profiles(draw):
+    """A Pareto front of up to 20 policies (heavier ones recompute less) and a few others."""
+    n = draw(st.integers(1, 20))
+    sizes = sorted(draw(st.lists(st.integers(2, 400), min_size=n, max_size=n, unique=True)))
+    fracs = sorted(draw(st.lists(st.integers(0, 64), min_size=n, max_size=n, unique=True)),
+                   reverse=True)
+    extra = draw(st.lists(st.tuples(st.integers(2, 400), st.integers(0, 64)), max_size=5))
+    points = dict.fromkeys([*zip(sizes, fracs, strict=True), *extra])  # distinct, in order
+    return [PolicyProfile(f"p{i}", float(b), 0.0, k / 64)  # dyadic: exact arithmetic
+            for i, (b, k) in enumerate(points)]
+
+
+@given(_policy_profiles(), st.integers(3, 8))
+def test_shortlist_keeps_every_lower_hull_point_that_fits(others, limit):
+    """The shortlist is `layer` plus points of the Pareto front (by definition: nothing as light
+    and as cheap), at most `limit`, in the front's order; where the front's lower convex hull (by
+    definition: no two front points on either side with the point on or above their chord) fits
+    in what the limit leaves, every hull point is in it."""
+    reference = PolicyProfile("layer", 1.0, 0.0, 1.0)
+    profiles = [reference, *others]
+    short = shortlist(profiles, limit)
+    assert short.count(reference) == 1 and len(short) <= limit
+
+    def dominated(p):
+        return any(q is not p and q.retained_bytes_per_token <= p.retained_bytes_per_token
+                   and q.recompute_fraction <= p.recompute_fraction for q in profiles)
+
+    front = sorted((p for p in profiles if not dominated(p)),
+                   key=lambda p: p.retained_bytes_per_token)
+    assert [p for p in short if p is not reference] == [p for p in front
+                                                        if p in short and p is not reference]
+
+    def on_hull(i):
+        b = front[i]
+        for a in front[:i]:
+            for c in front[i + 1:]:
+                t = ((b.retained_bytes_per_token - a.retained_bytes_per_token)
+                     / (c.retained_bytes_per_token - a.retained_bytes_per_token))
+                if b.recompute_fraction >= a.recompute_fraction + t * (
+                        c.recompute_fraction - a.recompute_fraction):
+                    return False
+        return True
+
+    hull = [p for i, p in enumerate(front) if on_hull(i)]
+    if len(hull) <= limit - (reference not in front):
+        assert all(p in short for p in hull)
+    else:  # thinned hull: its two ends stay
+        assert front[0] in short and front[-1] in short
 
 
 def _tiny():

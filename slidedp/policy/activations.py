@@ -3,7 +3,8 @@
 shortlist()      every policy of spec/segments.py (layer, none, sac, the 128 segment masks),
                  costed by the model (retained bytes, recompute fraction of the forward), reduced
                  to its Pareto front in (retained bytes, recompute time) and then to at most
-                 `limit` policies spread over the front by retained bytes (layer and none kept).
+                 `limit` policies: the front's lower convex hull first (what a mix over layers
+                 cannot emulate), then other front points spread by retained bytes (layer kept).
 marginal_costs() tau_j per policy with the simulator: replace the k_j tail layers of the
                  all-`layer` reference plan by policy j and
                      tau_j = tau_0 + (T_j(k_j) - T_0) / k_j,   tau_0 = T_0 / L
@@ -62,18 +63,56 @@ def profile_policies(hw: HardwareSpec, wl: Workload) -> list[PolicyProfile]:
 
 
 def shortlist(profiles: list[PolicyProfile], limit: int = 6) -> list[PolicyProfile]:
-    """Pareto front in (retained bytes, recompute fraction), thinned to `limit` by retained bytes."""
+    """Pareto front in (retained bytes, recompute fraction), thinned to `limit` policies (`layer`,
+    tau's reference, always among them): the front's lower convex hull first, then the other
+    front points spread by their order in retained bytes.
+
+    The hull first because the MILP mixes policies across layers: a front point above the segment
+    between its hull neighbours costs more recompute, for its memory, than a mix of those two, so
+    it matters only through the counts' integrality; a hull point cannot be emulated. (Thinning by
+    order alone dropped `sac`, a hull point, from Qwen3-8B mb 4 on nvidia-h200, 2026-12-01.)
+    Where the hull itself has more points than fit, it is thinned by order, its ends kept."""
     ordered = sorted(profiles, key=lambda p: (p.retained_bytes_per_token, p.recompute_fraction))
     front, best = [], float("inf")
     for p in ordered:  # increasing memory: keep those that recompute strictly less
         if p.recompute_fraction < best - 1e-12:
             front.append(p)
             best = p.recompute_fraction
-    if len(front) > limit - 1:
-        picks = {round(i * (len(front) - 1) / (limit - 2)) for i in range(limit - 1)}
-        front = [p for i, p in enumerate(front) if i in picks]
     reference = next(p for p in profiles if p.name == "layer")  # tau's reference, always costed
-    return front if reference in front else [reference, *front]
+    room = limit - (reference not in front)
+    keep = _spread(_lower_hull(front), room)
+    keep += _spread([p for p in front if p not in keep], room - len(keep))
+    return ([] if reference in front else [reference]) + [p for p in front if p in keep]
+
+
+def _lower_hull(front: list[PolicyProfile]) -> list[PolicyProfile]:
+    """The lower convex hull of a front ordered by retained bytes (monotone chain)."""
+    hull: list[PolicyProfile] = []
+    for p in front:
+        while len(hull) >= 2 and _turn(hull[-2], hull[-1], p) <= 0:
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def _turn(a: PolicyProfile, b: PolicyProfile, c: PolicyProfile) -> float:
+    """> 0 where a -> b -> c turns counter-clockwise in (retained bytes, recompute fraction)."""
+    return ((b.retained_bytes_per_token - a.retained_bytes_per_token)
+            * (c.recompute_fraction - a.recompute_fraction)
+            - (b.recompute_fraction - a.recompute_fraction)
+            * (c.retained_bytes_per_token - a.retained_bytes_per_token))
+
+
+def _spread(points: list[PolicyProfile], n: int) -> list[PolicyProfile]:
+    """At most n of `points`, evenly spaced by position, both ends kept where n >= 2."""
+    if n <= 0:
+        return []
+    if len(points) <= n:
+        return list(points)
+    if n == 1:
+        return [points[0]]
+    picks = {round(i * (len(points) - 1) / (n - 1)) for i in range(n)}
+    return [p for i, p in enumerate(points) if i in picks]
 
 
 def place(counts: dict[str, int], retained_bytes_per_token: dict[str, float]) -> tuple[str, ...]:
