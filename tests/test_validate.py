@@ -138,8 +138,9 @@ def test_import_writes_the_stored_cases(tmp_path):
     # 4B run, 6 + 9 of the afternoon 8B runs (plan overrides: window, threads), 5 + 2 of the
     # 16:21 8B call, 3 + 2 (16:35 8B), 2 + 1 (16:41 14B), 1 + 4 (16:48 8B), 2 of 4 (18:50 4B:
     # `skip` leaves out its two rows cases), 6 (19:03 4B), 2 (19:17 8B); 1 + 2 + 1 + 8 (21:36-21:42
-    # x4 8B), 1 + 1 (x4 14B), 5 (21:53 4B)
-    assert len(names) == 87
+    # x4 8B), 1 + 1 (x4 14B), 5 (21:53 4B); 9 (2026-12-01 08:36 8B sweep), 4 + 3 (08:40 4B and
+    # 08:45 8B protocol runs: a plan's two runs are one case)
+    assert len(names) == 103
     traced = out / "h200x4-2142-qwen3-8b-r4-gb4-mb1-sharded-cpu-rank0-w36"  # `traces` field
     assert (traced / store.MEASURED_TRACE).exists() and (traced / store.SIMULATED_TRACE).exists()
     assert not any(n.startswith("h200-1850-") and n.endswith("-rows") for n in names)
@@ -168,7 +169,7 @@ def test_import_writes_the_stored_cases(tmp_path):
     assert four_b["hardware"]["preset"] == "h200x1"
     summary = (out / store.SUMMARY_MD).read_text()
     assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
-    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 88
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 104
 
 
 def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):
@@ -295,6 +296,34 @@ def test_multi_gpu_traces_are_imported_beside_their_cases(tmp_path):
     meas = json.loads((without / store.MEASURED).read_text())
     assert meas["trace"] is None and NO_TRACE in meas["notes"]
     assert not (without / store.MEASURED_TRACE).exists()
+
+
+def test_protocol_runs_of_one_plan_import_as_one_case(tmp_path):
+    """benchmarks/confirm_sweep.py measures each plan twice, interleaved (rows A B C A B C): the
+    importer stores one case per plan, its step time the runs' mean, and names the activation
+    policies and the sequence length in the folder (the rows differ only there)."""
+    rows = ROOT / "benchmarks/results/2026-12-01-h200-autopolicy-4b-seq16384-0428/confirm-0840.jsonl"
+    steps: dict[str, list[float]] = {}
+    for line in rows.read_text().splitlines():
+        d = json.loads(line)
+        steps.setdefault(d["case"], []).append(d["step_s"])
+    assert len(steps) == 4 and all(len(v) == 2 for v in steps.values())
+    prov = tmp_path / "imports.toml"
+    prov.write_text(f'[[source]]\nresults = "{rows}"\nformat = "multi_gpu"\nprefix = "t"\n'
+                    'ran_threads = {default = [12, 12]}\nmachine = "nvidia-h200"\ndiscard = 8\n'
+                    'command = "confirm_sweep.py"\nhardware = "h200x1"\n')
+    folders = import_results(prov, tmp_path / "validation")
+    assert len(folders) == 4
+    assert {f.name for f in folders} == {
+        "t-r1-gb1-mb1-replicated-gpu-rank0-w36-c256-sacx36-s16384",
+        "t-r1-gb1-mb1-sharded-gpu-rank0-s16384",
+        "t-r1-gb1-mb1-sharded-gpu-rank0-w36-sacx36-s16384",
+        "t-r1-gb1-mb1-sharded-gpu-rank0-c256-sacx36-s16384"}
+    means = sorted(sum(v) / 2 for v in steps.values())
+    got = sorted(json.loads((f / store.MEASURED).read_text())["step_time_s"] for f in folders)
+    assert got == pytest.approx(means)
+    meas = json.loads((folders[0] / store.MEASURED).read_text())
+    assert len(meas["run_step_times_s"]) == 2 and "the mean of 2 runs" in meas["notes"][-1]
 
 
 def test_an_older_store_of_plain_json_traces_is_read_and_repredicted(tmp_path):

@@ -7,6 +7,7 @@ A provenance file (TOML; paths relative to it) says where each results file came
     format = "multi_gpu"          # benchmarks/multi_gpu.py JSONL | "single_gpu" (single_gpu.py JSON)
     prefix = "h200x2-qwen3-8b"    # case folder = <prefix>-r<R>-gb<G>-mb<M>-<param>-<grad>-<update>
                                   #   [-bf16copy][-w<window>][-c<chunk MiB>][-t<cast>-<update threads>][-rows]
+                                  #   [-bf16grad][-<policy>x<layers>...][-off<ratio>][-s<seq>]
                                   #   (non-default fields)
     machine = "nvidia-h200-x2"    # the lent machine kind
     discard = 3                   # steps discarded before the mean (the benchmark's --discard)
@@ -32,15 +33,18 @@ A provenance file (TOML; paths relative to it) says where each results file came
 The case folder is named after the plan as requested; the stored plan carries the threads as run,
 so that the predictions model what ran.
 
-Rows without a step time (compute-only references, cut runs) are skipped. Without `traces` (or a
-case's file in it) no trace is stored: measured.json says so and the predictions leave the
-simulated trace out.
+Rows without a step time (compute-only references, cut runs) are skipped. Rows of one case
+folder (runs of the measurement protocol, e.g. benchmarks/confirm_sweep.py's two of each plan)
+are one case: its step time the mean of the rows', its other figures (and trace) the last row's. Without
+`traces` (or a case's file in it) no trace is stored: measured.json says so and the predictions
+leave the simulated trace out.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,6 +79,11 @@ def case_name(prefix: str, c: Case) -> str:
     name += f"-t{threads[0]}-{threads[1]}" if threads != (default.cast_threads, default.update_threads) else ""
     name += "-rows" if p.embedding_rows else ""
     name += "-bf16grad" if p.grad_widen == GradWiden.HOST else ""
+    policies = Counter(p.layer_policies or (p.activation_policy,))
+    if set(policies) != {"layer"}:  # e.g. -sacx36, -nonex18-seg0b1101100x18
+        name += "".join(f"-{pol.replace(':', '')}x{n}" for pol, n in policies.items())
+    name += f"-off{p.offload_ratio:g}" if p.offload_ratio else ""
+    name += f"-s{c.seq}" if c.seq != 4096 else ""
     return name
 
 
@@ -186,13 +195,17 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
                                 f"a case string of {results.name}")
         if traces is not None and not traces.is_dir():
             raise SpecError(where, f"{src.prefix}.traces", f"an existing folder, got {traces}")
+        runs: dict[str, list[tuple[Case, dict, list[str]]]] = {}  # per case folder, its rows
         for case, figures in rows:
             if case.name in skip:
                 continue
-            trace = find_trace(traces / trace_file_name(case.name)) if traces is not None else None
             plan, ran_notes = _as_run(case, ran)
-            case = Case(case_name(prefix, case), case.model, case.seq, case.gpus,
-                        case.global_batch, case.micro_batch, plan)
+            name = case_name(prefix, case)
+            runs.setdefault(name, []).append((replace(case, plan=plan), figures, ran_notes))
+        for name, case_runs in runs.items():
+            case, figures, _ = case_runs[-1]
+            trace = find_trace(traces / trace_file_name(case.name)) if traces is not None else None
+            case = replace(case, name=name)
             folder = root / case.name
             store.write_case(folder, case, f"imported by slidedp validate --import-results from "
                                            f"{results.name} (measured {figures['date']}, {machine})")
@@ -203,15 +216,18 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
                 for old in trace_names(stored_trace):
                     old.unlink(missing_ok=True)
             has_trace = trace is not None
-            store.write_json(folder / store.MEASURED, figures | {
+            measured = [f | {
                 "case": case.name, "machine": machine, "gpus_used": case.gpus,
-                **({"device": "cpu", "dtype": "float32"} if figures["gpu"] == "cpu" else
+                **({"device": "cpu", "dtype": "float32"} if f["gpu"] == "cpu" else
                    {"device": "cuda", "dtype": "bfloat16"}), "command": command,
-                "iters": len(figures["all_steps_s"]), "discard": discard,
+                "iters": len(f["all_steps_s"]), "discard": discard,
                 "host_pss_scope": "summed over the rank processes",
                 "trace": store.MEASURED_TRACE if has_trace else None,
                 "source": os.path.relpath(results, folder.resolve()),
-                "notes": [*([] if has_trace else [NO_TRACE]), *notes, *ran_notes]})
+                "notes": [*([] if has_trace else [NO_TRACE]), *notes, *ran_notes]}
+                for _, f, ran_notes in case_runs]
+            store.write_json(folder / store.MEASURED, measured[0] if len(measured) == 1 else
+                             store.merged_runs(measured, len(measured)))
             write_predictions(folder, hw_arg, list(hw_notes))
             folders.append(folder)
     return folders

@@ -12,7 +12,6 @@ memory figures are the last run's.
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -85,15 +84,5 @@ def _measure_group(group: list[Case], root: Path, device: str, iters: int, disca
 
 def merge_runs(folder: Path, runs: list[dict], asked: int) -> None:
     """The case's measured.json from its completed runs' (in order) of the `asked`."""
-    last = runs[-1]
-    step = statistics.fmean(r["step_time_s"] for r in runs)
-    note = (f"step_time_s: the mean of {len(runs)} runs (run_step_times_s); channel_s, the "
-            "trace, GPU peak and host PSS: the last run")
-    if len(runs) < asked:
-        note += f"; {asked - len(runs)} of the {asked} runs failed"
-    store.write_json(folder / store.MEASURED, last | {
-        "step_time_s": step,
-        "tokens_per_s": last["tokens_per_s"] * last["step_time_s"] / step,
-        "run_step_times_s": [r["step_time_s"] for r in runs],
-        "run_all_steps_s": [r["all_steps_s"] for r in runs],
-        "notes": last["notes"] + [note]})
+    store.write_json(folder / store.MEASURED, store.merged_runs(runs, asked))
+

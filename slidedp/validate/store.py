@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 from pathlib import Path
 
 from slidedp.spec.errors import SpecError
@@ -68,3 +69,20 @@ def hardware_arg(ref: dict, folder: Path) -> str:
     if "preset" in ref:
         return ref["preset"]
     return os.path.relpath((Path(folder) / ref["file"]).resolve())
+
+
+def merged_runs(runs: list[dict], asked: int) -> dict:
+    """One measured figures dict from several runs' (in order) of the `asked`: the step time is
+    their mean, everything else the last run's."""
+    last = runs[-1]
+    step = statistics.fmean(r["step_time_s"] for r in runs)
+    note = (f"step_time_s: the mean of {len(runs)} runs (run_step_times_s); channel_s, the "
+            "trace, GPU peak and host PSS: the last run")
+    if len(runs) < asked:
+        note += f"; {asked - len(runs)} of the {asked} runs failed"
+    return last | {
+        "step_time_s": step,
+        "tokens_per_s": last["tokens_per_s"] * last["step_time_s"] / step,
+        "run_step_times_s": [r["step_time_s"] for r in runs],
+        "run_all_steps_s": [r["all_steps_s"] for r in runs],
+        "notes": last["notes"] + [note]}
