@@ -28,6 +28,8 @@
 #   bash benchmarks/next_gpu_session.sh probe-state OUT  # any H200: a probe's host state (a few
 #                                                      #   layers of memory) against the whole one:
 #                                                      #   build seconds, step time of 4B mb 1 and 4
+#   bash benchmarks/next_gpu_session.sh adam-llc OUT  # any H200: Adam on a just-downloaded gradient
+#                                                      #   chunk against a cold one (cache reads?)
 #   bash benchmarks/next_gpu_session.sh chunk-cost OUT # the executor's per-chunk cast cost: a profile,
 #                                                      #   the cast under each load, GIL switch interval
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
@@ -39,7 +41,9 @@
 # `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind; at 8B on
 # nvidia-h200 `sac` beat the choice by 3.5% in one protocol run: re-run there after the shortlist
 # change, `HW=benchmarks/results/2026-12-01-h200-profile-0829.toml MODEL=qwen3-8b ap OUT 4` and
-# `ap-confirm` with --top 2 in a call of its own), `x4` / x8 when lent (issue 7).
+# `ap-confirm` with --top 2 in a call of its own, with `adam-llc` first and --traces on the
+# sweep: the simulator put that 8B update at 2.39 s against 1.83-2.23 measured), `x4` / x8 when
+# lent (issue 7).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
@@ -196,6 +200,12 @@ ap-confirm)  # any H200: the rows that decide an `ap` comparison measured again 
     # `ap-confirm OUT benchmarks/results/2026-12-01-h200-autopolicy-4b-seq16384-0428` (~6 min)
     python3 benchmarks/confirm_sweep.py "$3/sweep.jsonl" "$OUT/confirm.jsonl" --plan "$3/plan.toml" \
         | tee "$OUT/confirm.txt" ;;
+adam-llc)  # any H200 (~1 min): does the update read a just-downloaded gradient chunk from the
+    # CPU's cache? (the 8B update channel on nvidia-h200 ran at 125 GB/s of state traffic with 64 MiB
+    # chunks, above the profile's DRAM peak; benchmarks/adam_after_d2h_probe.py), at the update
+    # team's thread count of each kind (12 on nvidia-h200, 24 on the x2)
+    python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-after-d2h.json" \
+        --update-threads "${THREADS:-12}" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
     # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
@@ -208,6 +218,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|ap-confirm|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|rows|x4 OUT" >&2
     exit 2 ;;
 esac
