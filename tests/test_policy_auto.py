@@ -84,27 +84,39 @@ def test_shortlist_is_a_pareto_front_with_the_reference():
 
 @st.composite
 def _policy_profiles(draw):
-    """A Pareto front of up to 20 policies (heavier ones recompute less) and a few others."""
+    """`layer` anywhere, a Pareto front of up to 20 policies (heavier ones recompute less) and a
+    few others."""
     n = draw(st.integers(1, 20))
     sizes = sorted(draw(st.lists(st.integers(2, 400), min_size=n, max_size=n, unique=True)))
     fracs = sorted(draw(st.lists(st.integers(0, 64), min_size=n, max_size=n, unique=True)),
                    reverse=True)
-    extra = draw(st.lists(st.tuples(st.integers(2, 400), st.integers(0, 64)), max_size=5))
+    extra = draw(st.lists(st.tuples(st.integers(1, 400), st.integers(0, 64)), max_size=5))
+    layer = draw(st.tuples(st.integers(1, 400), st.integers(0, 64)))
     points = dict.fromkeys([*zip(sizes, fracs, strict=True), *extra])  # distinct, in order
-    return [PolicyProfile(f"p{i}", float(b), 0.0, k / 64)  # dyadic: exact arithmetic
-            for i, (b, k) in enumerate(points)]
+    points.pop(layer, None)
+    return [PolicyProfile("layer", float(layer[0]), 0.0, layer[1] / 64),
+            *(PolicyProfile(f"p{i}", float(b), 0.0, k / 64) for i, (b, k) in enumerate(points))]
+
+
+def _on_or_above(a: PolicyProfile, b: PolicyProfile, c: PolicyProfile) -> bool:
+    """b on or above the chord from a to c (a, b, c by increasing bytes), exactly: the cross
+    product of integers and 64ths."""
+    return ((b.retained_bytes_per_token - a.retained_bytes_per_token)
+            * (c.recompute_fraction - a.recompute_fraction)
+            - (b.recompute_fraction - a.recompute_fraction)
+            * (c.retained_bytes_per_token - a.retained_bytes_per_token)) <= 0
 
 
 @given(_policy_profiles(), st.integers(3, 8))
-def test_shortlist_keeps_every_lower_hull_point_that_fits(others, limit):
-    """The shortlist is `layer` plus points of the Pareto front (by definition: nothing as light
-    and as cheap), at most `limit`, in the front's order; where the front's lower convex hull (by
-    definition: no two front points on either side with the point on or above their chord) fits
-    in what the limit leaves, every hull point is in it."""
-    reference = PolicyProfile("layer", 1.0, 0.0, 1.0)
-    profiles = [reference, *others]
+def test_shortlist_keeps_every_lower_hull_point_that_fits(profiles, limit):
+    """The shortlist is `layer` first, then points of the Pareto front (by definition: nothing as
+    light and as cheap), at most `limit` in all, in the front's order; where the front's lower
+    convex hull (by definition: no two front points on either side with the point on or above
+    their chord), `layer` left out, fits in limit - 1, every hull point is in it; where it does
+    not, only hull points are, limit - 1 of them, the hull's two ends among them."""
+    reference = profiles[0]
     short = shortlist(profiles, limit)
-    assert short.count(reference) == 1 and len(short) <= limit
+    assert short[0] is reference and reference not in short[1:] and len(short) <= limit
 
     def dominated(p):
         return any(q is not p and q.retained_bytes_per_token <= p.retained_bytes_per_token
@@ -112,25 +124,15 @@ def test_shortlist_keeps_every_lower_hull_point_that_fits(others, limit):
 
     front = sorted((p for p in profiles if not dominated(p)),
                    key=lambda p: p.retained_bytes_per_token)
-    assert [p for p in short if p is not reference] == [p for p in front
-                                                        if p in short and p is not reference]
-
-    def on_hull(i):
-        b = front[i]
-        for a in front[:i]:
-            for c in front[i + 1:]:
-                t = ((b.retained_bytes_per_token - a.retained_bytes_per_token)
-                     / (c.retained_bytes_per_token - a.retained_bytes_per_token))
-                if b.recompute_fraction >= a.recompute_fraction + t * (
-                        c.recompute_fraction - a.recompute_fraction):
-                    return False
-        return True
-
-    hull = [p for i, p in enumerate(front) if on_hull(i)]
-    if len(hull) <= limit - (reference not in front):
+    assert short[1:] == [p for p in front if p in short and p is not reference]
+    hull = [b for i, b in enumerate(front)
+            if not any(_on_or_above(a, b, c) for a in front[:i] for c in front[i + 1:])]
+    hull = [p for p in hull if p is not reference]
+    if len(hull) <= limit - 1:
         assert all(p in short for p in hull)
-    else:  # thinned hull: its two ends stay
-        assert front[0] in short and front[-1] in short
+    else:
+        assert all(p in hull for p in short[1:]) and len(short) == limit
+        assert hull[0] in short and hull[-1] in short
 
 
 def _tiny():

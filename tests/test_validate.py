@@ -326,6 +326,24 @@ def test_protocol_runs_of_one_plan_import_as_one_case(tmp_path):
     assert len(meas["run_step_times_s"]) == 2 and "the mean of 2 runs" in meas["notes"][-1]
 
 
+def test_rows_of_different_plans_never_share_a_case_folder(tmp_path):
+    """The folder name leaves out most plan fields: two rows that differ only there are refused,
+    not averaged as runs of one plan (nor one overwritten by the other)."""
+    src = ROOT / "benchmarks/results/2026-12-01-h200-autopolicy-4b-seq16384-0428/confirm-0840.jsonl"
+    row = json.loads(src.read_text().splitlines()[1])
+    other = json.loads(json.dumps(row))
+    other["case"] += ":reload_ahead_layers=3"
+    other["plan"]["reload_ahead_layers"] = 3
+    (tmp_path / "r.jsonl").write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n")
+    prov = tmp_path / "imports.toml"
+    prov.write_text('[[source]]\nresults = "r.jsonl"\nformat = "multi_gpu"\nprefix = "t"\n'
+                    'ran_threads = {default = [12, 12]}\nmachine = "m"\ndiscard = 8\n'
+                    'command = "c"\nhardware = "h200x1"\n')
+    with pytest.raises(SpecError, match="one case folder per configuration"):
+        import_results(prov, tmp_path / "validation")
+    assert not (tmp_path / "validation").exists()
+
+
 def test_an_older_store_of_plain_json_traces_is_read_and_repredicted(tmp_path):
     """Stored traces are gzip files (NAME.json.gz, what gzip -d and Perfetto read); a case stored
     before them (plain measured_trace.json and simulated_trace.json) is read as it is, and its

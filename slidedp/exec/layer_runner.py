@@ -13,6 +13,7 @@ layers; anything else is a SpecError.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
 import torch
@@ -30,7 +31,7 @@ def hf_config(config):
     from transformers import AutoConfig, PretrainedConfig
 
     if isinstance(config, Mapping):
-        config = dict(config)
+        config = copy.deepcopy(dict(config))  # transformers may rewrite nested dicts in place
         family = config.get("model_type")
         if family not in SUPPORTED_FAMILIES:
             raise SpecError(

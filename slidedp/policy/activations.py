@@ -63,15 +63,16 @@ def profile_policies(hw: HardwareSpec, wl: Workload) -> list[PolicyProfile]:
 
 
 def shortlist(profiles: list[PolicyProfile], limit: int = 6) -> list[PolicyProfile]:
-    """Pareto front in (retained bytes, recompute fraction), thinned to `limit` policies (`layer`,
-    tau's reference, always among them): the front's lower convex hull first, then the other
-    front points spread by their order in retained bytes.
+    """`layer` (tau's reference, first) and points of the Pareto front in (retained bytes,
+    recompute fraction), `limit` in all at most: the front's lower convex hull first, then the
+    other front points spread by their order in retained bytes.
 
     The hull first because the MILP mixes policies across layers: a front point above the segment
     between its hull neighbours costs more recompute, for its memory, than a mix of those two, so
-    it matters only through the counts' integrality; a hull point cannot be emulated. (Thinning by
-    order alone dropped `sac`, a hull point, from Qwen3-8B mb 4 on nvidia-h200, 2026-12-01.)
-    Where the hull itself has more points than fit, it is thinned by order, its ends kept."""
+    it matters only through the counts' integrality; a hull point cannot be emulated (in the
+    model's recompute terms: the MILP then prices each policy by its marginal step time).
+    Thinning by order alone dropped `sac`, a hull point, from Qwen3-8B mb 4 on nvidia-h200
+    (2026-12-01). Where the hull has more points than fit, it is thinned by order, ends kept."""
     ordered = sorted(profiles, key=lambda p: (p.retained_bytes_per_token, p.recompute_fraction))
     front, best = [], float("inf")
     for p in ordered:  # increasing memory: keep those that recompute strictly less
@@ -79,10 +80,10 @@ def shortlist(profiles: list[PolicyProfile], limit: int = 6) -> list[PolicyProfi
             front.append(p)
             best = p.recompute_fraction
     reference = next(p for p in profiles if p.name == "layer")  # tau's reference, always costed
-    room = limit - (reference not in front)
-    keep = _spread(_lower_hull(front), room)
-    keep += _spread([p for p in front if p not in keep], room - len(keep))
-    return ([] if reference in front else [reference]) + [p for p in front if p in keep]
+    others = [p for p in front if p is not reference]
+    keep = _spread([p for p in _lower_hull(front) if p is not reference], limit - 1)
+    keep += _spread([p for p in others if p not in keep], limit - 1 - len(keep))
+    return [reference, *(p for p in others if p in keep)]
 
 
 def _lower_hull(front: list[PolicyProfile]) -> list[PolicyProfile]:

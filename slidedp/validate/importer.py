@@ -79,9 +79,11 @@ def case_name(prefix: str, c: Case) -> str:
     name += f"-t{threads[0]}-{threads[1]}" if threads != (default.cast_threads, default.update_threads) else ""
     name += "-rows" if p.embedding_rows else ""
     name += "-bf16grad" if p.grad_widen == GradWiden.HOST else ""
-    policies = Counter(p.layer_policies or (p.activation_policy,))
-    if set(policies) != {"layer"}:  # e.g. -sacx36, -nonex18-seg0b1101100x18
-        name += "".join(f"-{pol.replace(':', '')}x{n}" for pol, n in policies.items())
+    if p.layer_policies and set(p.layer_policies) != {"layer"}:  # e.g. -sacx36, -nonex18-...
+        name += "".join(f"-{pol.replace(':', '')}x{n}"
+                        for pol, n in Counter(p.layer_policies).items())
+    elif not p.layer_policies and p.activation_policy != "layer":  # every layer: -none
+        name += f"-{p.activation_policy}"
     name += f"-off{p.offload_ratio:g}" if p.offload_ratio else ""
     name += f"-s{c.seq}" if c.seq != 4096 else ""
     return name
@@ -195,15 +197,21 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
                                 f"a case string of {results.name}")
         if traces is not None and not traces.is_dir():
             raise SpecError(where, f"{src.prefix}.traces", f"an existing folder, got {traces}")
-        runs: dict[str, list[tuple[Case, dict, list[str]]]] = {}  # per case folder, its rows
+        # per case folder, its rows: (the case as requested, as run, figures, notes)
+        runs: dict[str, list[tuple[Case, Case, dict, list[str]]]] = {}
         for case, figures in rows:
             if case.name in skip:
                 continue
             plan, ran_notes = _as_run(case, ran)
             name = case_name(prefix, case)
-            runs.setdefault(name, []).append((replace(case, plan=plan), figures, ran_notes))
+            group = runs.setdefault(name, [])
+            if group and replace(group[0][0], name="") != replace(case, name=""):
+                raise SpecError(where, f"{src.prefix}.prefix", f"one case folder per configuration: "
+                                f"{group[0][0].name!r} and {case.name!r} of {results.name} differ "
+                                f"but would both be {name}")
+            group.append((case, replace(case, plan=plan), figures, ran_notes))
         for name, case_runs in runs.items():
-            case, figures, _ = case_runs[-1]
+            _, case, figures, _ = case_runs[-1]
             trace = find_trace(traces / trace_file_name(case.name)) if traces is not None else None
             case = replace(case, name=name)
             folder = root / case.name
@@ -225,7 +233,7 @@ def import_results(provenance: str | Path, root: Path) -> list[Path]:
                 "trace": store.MEASURED_TRACE if has_trace else None,
                 "source": os.path.relpath(results, folder.resolve()),
                 "notes": [*([] if has_trace else [NO_TRACE]), *notes, *ran_notes]}
-                for _, f, ran_notes in case_runs]
+                for _, _, f, ran_notes in case_runs]
             store.write_json(folder / store.MEASURED, measured[0] if len(measured) == 1 else
                              store.merged_runs(measured, len(measured)))
             write_predictions(folder, hw_arg, list(hw_notes))

@@ -85,4 +85,3 @@ def _measure_group(group: list[Case], root: Path, device: str, iters: int, disca
 def merge_runs(folder: Path, runs: list[dict], asked: int) -> None:
     """The case's measured.json from its completed runs' (in order) of the `asked`."""
     store.write_json(folder / store.MEASURED, store.merged_runs(runs, asked))
-
