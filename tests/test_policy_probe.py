@@ -1,11 +1,13 @@
 """Real probes (policy/probe.py) on the CPU with tiny models, `slidedp plan --probe`, and
 `slidedp train --plan auto` run as the real CLI."""
 
+import gc
 import json
 import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -28,6 +30,7 @@ from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import ParamRoute, Plan, load_plan
 from slidedp.spec.workload import Workload
+from slidedp.validate import runner
 from slidedp.validate.runner import layers_sharing_memory, random_host_state
 
 GIB = 2**30
@@ -326,3 +329,30 @@ def test_cuda_probes_run_on_the_shared_and_subset_states(tmp_path):
         assert pr(ROUTE) > 0 and pr.full.hs.shares_storage
         assert pr.marginal_s(ROUTE, "none") is not None, pr.refusals
         assert pr.reduced.hs.unit_master(1).data_ptr() == pr.full.hs.unit_master(1).data_ptr()
+
+
+def test_measure_frees_its_engine_before_returning(monkeypatch):
+    """A sweep or AutoPolicy's probes measure many plans in one process: measure() must not leave
+    its Engine (reference cycles: only the cyclic collector frees it) holding its buffers while
+    the next one allocates (on nvidia-h200 one plan's GPU peak read 28.5 GiB first in a process
+    and 50.6 GiB after four other plans)."""
+    made = []
+
+    class Tracked(runner.Engine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(runner, "Engine", Tracked)
+    wl = Workload(load_model("tiny-qwen3"), 32, 2, 2, 1)
+    cfg = dict(load_model("tiny-qwen3").config)
+    hs = random_host_state(cfg, None, None)
+    try:
+        gc.disable()  # no automatic collection may do measure()'s work for it
+        try:
+            m = runner.measure(cfg, wl, ROUTE, hs, device="cpu", iters=2, discard=1)
+        finally:
+            gc.enable()
+    finally:
+        hs.close()
+    assert m.step_time_s > 0 and len(made) == 1 and made[0]() is None
