@@ -43,7 +43,10 @@
 # change, `HW=benchmarks/results/2026-12-01-h200-profile-0829.toml MODEL=qwen3-8b ap OUT 4` and
 # `ap-confirm` with --top 2 in a call of its own, with `adam-llc` first and --traces on the
 # sweep: the simulator put that 8B update at 2.39 s against 1.83-2.23 measured), `x4` / x8 when
-# lent (issue 7).
+# lent (issue 7). Also worth one multi_gpu.py row each beside `h200-ratio`'s: 5:5 with
+# grad_buffers=3 (at mb 5 the backward stalled ~16 ms a step on its 2 gradient buffers while the
+# update lagged behind the embedding's bulk chunks; the simulator sees no stall), and a sweep's
+# first plan run twice (AutoPolicy's choice is always a sweep's first row).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
