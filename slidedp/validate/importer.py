@@ -35,7 +35,8 @@ so that the predictions model what ran.
 
 Rows without a step time (compute-only references, cut runs) are skipped. Rows of one case
 folder (runs of the measurement protocol, e.g. benchmarks/confirm_sweep.py's two of each plan)
-are one case: its step time the mean of the rows', its other figures (and trace) the last row's. Without
+are one case: its step time the mean of the rows', its other figures (and trace) the last
+row's; rows of different configurations that would share a folder are refused. Without
 `traces` (or a case's file in it) no trace is stored: measured.json says so and the predictions
 leave the simulated trace out.
 """
