@@ -333,9 +333,10 @@ def test_cuda_probes_run_on_the_shared_and_subset_states(tmp_path):
 
 def test_measure_frees_its_engine_before_returning(monkeypatch):
     """A sweep or AutoPolicy's probes measure many plans in one process: measure() must not leave
-    its Engine (reference cycles: only the cyclic collector frees it) holding its buffers while
-    the next one allocates (on nvidia-h200 one plan's GPU peak read 28.5 GiB first in a process
-    and 50.6 GiB after four other plans)."""
+    its Engine holding its buffers while the next one allocates (on nvidia-h200 one plan's GPU
+    peak read 28.5 GiB first in a process and 50.6 GiB after four other plans, while the engine's
+    task table of bound methods made it a cycle for the collector); with the collector off, the
+    engine is gone on return."""
     made = []
 
     class Tracked(runner.Engine):

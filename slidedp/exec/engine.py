@@ -386,14 +386,6 @@ class Engine:
                 self._queues.append(q)
                 self._threads.append(t)
         self._notify = self._queues[-1] if self.cuda and session and mode == "overlap" else None
-        self._run = {Kind.CAST: self._run_cast, Kind.H2D: self._run_h2d,
-                     Kind.ALLGATHER: self._run_allgather,
-                     Kind.EMBED_FWD: self._run_embed_fwd, Kind.FWD: self._run_fwd,
-                     Kind.ACT_OFFLOAD: self._run_act_offload, Kind.ACT_RELOAD: self._run_act_reload,
-                     Kind.HEAD_LOSS: self._run_head_loss, Kind.RECOMPUTE: self._run_recompute,
-                     Kind.BWD: self._run_bwd, Kind.EMBED_BWD: self._run_embed_bwd,
-                     Kind.REDUCE: self._run_reduce, Kind.D2H: self._run_d2h,
-                     Kind.HOST_SUM: self._run_host_sum, Kind.ADAM: self._run_adam}
 
     # ---- public -------------------------------------------------------------------------------
 
@@ -608,7 +600,7 @@ class Engine:
             if self.probe is not None and tpl.kind[v] in READS_SLOT:
                 u = int(tpl.g.unit[v])
                 self.probe(self.iteration, tpl.kind[v], u, self.window.slot(u))
-            self._run[tpl.kind[v]](st, v)
+            self._RUN[tpl.kind[v]](self, st, v)
             if stream is not None:
                 self.ev_end[v].record(stream)
         st.host_s[v] = (t0, time.perf_counter())
@@ -847,6 +839,15 @@ class Engine:
             adamw_chunk(p, g, m, var, st.adam_step[u], self.opt, st.lr, st.clip[w])
         if hs.copy is not None:
             hs.unit_copy(u)[lo:hi].copy_(p)
+
+    # each task kind's function: unbound, so that an engine holds no reference cycle and is freed
+    # (with its GPU and pinned buffers) as soon as its last reference goes
+    _RUN = {Kind.CAST: _run_cast, Kind.H2D: _run_h2d, Kind.ALLGATHER: _run_allgather,
+            Kind.EMBED_FWD: _run_embed_fwd, Kind.FWD: _run_fwd, Kind.ACT_OFFLOAD: _run_act_offload,
+            Kind.ACT_RELOAD: _run_act_reload, Kind.HEAD_LOSS: _run_head_loss,
+            Kind.RECOMPUTE: _run_recompute, Kind.BWD: _run_bwd, Kind.EMBED_BWD: _run_embed_bwd,
+            Kind.REDUCE: _run_reduce, Kind.D2H: _run_d2h, Kind.HOST_SUM: _run_host_sum,
+            Kind.ADAM: _run_adam}
 
 
 def own_omp_team(threads: int) -> None:

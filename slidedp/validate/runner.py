@@ -10,17 +10,17 @@ origin_s - rank 0's), channel seconds recomputed over the merged Timeline (union
 the simulator counts them), the GPU peak as the maximum over ranks, PSS summed over ranks (shared
 memory counted once in the sum). Used by the validate worker and by benchmarks/multi_gpu.py.
 
-Several measurements share one process (a sweep, AutoPolicy's probes): an Engine holds reference
-cycles (its task table of bound methods), so it is freed only by the cyclic collector; measure()
-drops and collects it, and returns the CUDA cache, before it returns, and resets the peak before
-the next Engine is built, so that each GPU peak is that configuration's alone and no finished
-engine's buffers are still held when the next one allocates (on nvidia-h200, 2026-12-01, one
-plan's peak read 28.5 GiB first in a process and 50.6 GiB after four other plans).
+Several measurements share one process (a sweep, AutoPolicy's probes): measure() drops its Engine
+(which holds no reference cycle: freed at once) and returns the CUDA cache before it returns, and
+resets the peak before the next Engine is built, so that each GPU peak is that configuration's
+alone and no finished engine's buffers are still held when the next one allocates (on
+nvidia-h200, 2026-12-01, before: one plan's peak read 28.5 GiB first in a process and 50.6 GiB
+after four other plans; the engine's task table of bound methods was a cycle, left to a later
+collection).
 """
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, replace
 
 import torch
@@ -140,8 +140,7 @@ def measure(model_config: dict, wl: Workload, plan: Plan, hs: HostState, *, devi
         pss = host_pss_bytes()  # with the engine's pinned buffers still held
     finally:
         eng.close()
-        del eng
-        gc.collect()  # the engine's cycles: its GPU buffers go now, not at some later collection
+        del eng  # its GPU buffers go now, before the CUDA cache is returned below
     steady = times[discard:]
     mine = (last.origin_s, last.timeline.records, last.gpu_peak_bytes, pss)
     parts = [mine]
