@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
-import threading
-import time
+import sys
 
 import torch
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
-from slidedp.exec.engine import own_omp_team
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
+
+sys.path.insert(0, os.path.dirname(__file__))
+from chunk_cost_probe import team_chunks_ms  # noqa: E402
 
 MIB = 1 << 20
 STATE_BYTES_PER_PARAM = 28  # read p, m, v, g and write p, m, v, FP32
@@ -46,25 +48,14 @@ def update_ms(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, grads: list[tor
               refresh, n: int, chunks: int, threads: int) -> list[float]:
     """Per-chunk ms of adamw_chunk in a thread of its own; refresh(i) (untimed) prepares the
     gradient slot grads[i % len(grads)] first."""
-    out: list[float] = []
     slices, cfg = p.numel() // n, AdamWConfig()
 
-    def body() -> None:
-        own_omp_team(threads)
-        for i in range(chunks + 2):
-            g = grads[i % len(grads)]
-            refresh(i)
-            k = i % slices
-            t0 = time.perf_counter()
-            adamw_chunk(p[k * n:(k + 1) * n], g, m[k * n:(k + 1) * n], v[k * n:(k + 1) * n], 1,
-                        cfg, cfg.lr)
-            if i >= 2:
-                out.append((time.perf_counter() - t0) * 1e3)
+    def update(i: int) -> None:
+        k = i % slices
+        adamw_chunk(p[k * n:(k + 1) * n], grads[i % len(grads)], m[k * n:(k + 1) * n],
+                    v[k * n:(k + 1) * n], 1, cfg, cfg.lr)
 
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    return out
+    return team_chunks_ms(threads, chunks, update, refresh)
 
 
 def main() -> int:

@@ -89,20 +89,19 @@ def adam_load(elems: int, threads: int):
     return body
 
 
-def cast_chunks_ms(master: torch.Tensor, ring: torch.Tensor, n: int, chunks: int, threads: int,
-                   gap_s: float) -> list[float]:
-    """Per-chunk ms of the cast thread's copy_ calls (after two untimed chunks)."""
+def team_chunks_ms(threads: int, chunks: int, run, before=None) -> list[float]:
+    """Per-chunk ms of run(i), timed alone, in a thread of its own with its own OpenMP team of
+    `threads` (as an executor agent), for chunks + 2 chunks, the first two untimed; before(i),
+    untimed, runs first each time."""
     out: list[float] = []
-    slices = master.numel() // n
-    idle = threading.Event()
 
     def body() -> None:
         own_omp_team(threads)
         for i in range(chunks + 2):
-            if gap_s:
-                idle.wait(gap_s)
+            if before is not None:
+                before(i)
             t0 = time.perf_counter()
-            ring[i % RING][:n].copy_(master[(i % slices) * n:(i % slices + 1) * n])
+            run(i)
             if i >= 2:
                 out.append((time.perf_counter() - t0) * 1e3)
 
@@ -110,6 +109,18 @@ def cast_chunks_ms(master: torch.Tensor, ring: torch.Tensor, n: int, chunks: int
     t.start()
     t.join()
     return out
+
+
+def cast_chunks_ms(master: torch.Tensor, ring: torch.Tensor, n: int, chunks: int, threads: int,
+                   gap_s: float) -> list[float]:
+    """Per-chunk ms of the cast thread's copy_ calls (after two untimed chunks)."""
+    slices = master.numel() // n
+    idle = threading.Event()
+
+    def cast(i: int) -> None:
+        ring[i % RING][:n].copy_(master[(i % slices) * n:(i % slices + 1) * n])
+
+    return team_chunks_ms(threads, chunks, cast, (lambda _i: idle.wait(gap_s)) if gap_s else None)
 
 
 def main() -> int:
