@@ -62,9 +62,9 @@ def _worker(out: Path, mode: str, device: str) -> None:
             torch.save([hs.unit_master(u).clone() for u in range(len(numels))], out / "step1.pt")
         sess.barrier()
         if sess.rank == 1:
-            bwd = eng._run[Kind.BWD]
+            bwd = Engine._RUN[Kind.BWD]
 
-            def faulty(st, v):
+            def faulty(self, st, v):
                 if int(eng.tpl.g.unit[v]) == 1:  # mid-backward, after some updates streamed
                     if mode == "kill-term":  # rank 0's pid from the status block
                         os.kill(int(sess._status[sess.world_size]), signal.SIGTERM)
@@ -74,10 +74,10 @@ def _worker(out: Path, mode: str, device: str) -> None:
                         raise RuntimeError("injected fault in BWD")
                     if not signalled:  # once; then train on
                         signalled.append(os.kill(os.getpid(), signal.SIGTERM))
-                bwd(st, v)
+                bwd(self, st, v)
 
             signalled: list = []
-            eng._run[Kind.BWD] = faulty
+            eng._RUN = {**Engine._RUN, Kind.BWD: faulty}  # this engine's table only
         for _ in range(2000 if mode == "term" else 1):  # term: train on until stopped
             eng.step(ids)
         raise AssertionError("step 2 returned despite the fault")
