@@ -12,8 +12,11 @@ task_durations, from HostSpec.task_gap_s).
 measure() runs slidedp.exec.Engine (random weights) on the model at hand cut to LAYERS decoder
 layers, one sequence per step, the default plan's chunks (64 MiB: the gap depends on the chunk
 size, a median of 0.12 ms at 64 MiB and 0.05 ms at 256 MiB in the 2026-12-01 traces, and one
-figure stands for all sizes), for STEPS steps; ready_gaps() takes the last step's Timeline and,
-per agent kind, the median of start(next) - end(previous) over consecutive tasks of one agent
+figure stands for all sizes): after WARMUP_STEPS steps it pools the ready pairs of each further
+step's Timeline (ready_gaps) until every kind has MIN_PAIRS of them or MAX_STEPS steps have run
+(which kind's tasks were ready depends on the run's timing: on a contended CPU a short step may
+have no ready update at all), and gives per agent kind the median of start(next) - end(previous)
+over consecutive tasks of one agent
 (whatever the previous one's kind) whose next task is a CAST or an ADAM and was ready: its inputs
 from other agents (Template.preds) all ended before the previous task did, and none from another
 process (Template.remote). A 2-layer run leaves the GPU agents' threads idler than a whole
@@ -38,7 +41,9 @@ from slidedp.spec.workload import Workload
 from slidedp.validate.runner import OPTIMIZER, random_host_state
 
 LAYERS = 2
-STEPS = 4
+WARMUP_STEPS = 1
+MIN_PAIRS = 20
+MAX_STEPS = 12
 KINDS = {k.upper(): k for k in AGENT_GAP_KINDS}  # a CPU task's Kind -> its task_gap_s key
 
 
@@ -46,11 +51,18 @@ KINDS = {k.upper(): k for k in AGENT_GAP_KINDS}  # a CPU task's Kind -> its task
 class AgentGaps:
     gap_s: dict[str, float]  # "cast" / "adam" -> median dispatch seconds
     pairs: dict[str, int]  # ready pairs each median is over
+    steps: int = 1  # measured steps the pairs come from
+
+    @classmethod
+    def of(cls, samples: dict[str, list[float]], steps: int) -> AgentGaps:
+        return cls({k: max(0.0, statistics.median(v)) for k, v in samples.items() if v},
+                   {k: len(v) for k, v in samples.items() if v}, steps)
 
 
-def ready_gaps(tpl: Template, records: list[Record]) -> AgentGaps:
-    """Median dispatch seconds per CPU agent kind (module docstring); `records` are one step's
-    Timeline records, in the order Engine writes them (this process's tasks by task id)."""
+def ready_gaps(tpl: Template, records: list[Record]) -> dict[str, list[float]]:
+    """Dispatch seconds of each ready pair, per CPU agent kind (module docstring); `records` are
+    one step's Timeline records, in the order Engine writes them (this process's tasks by task
+    id)."""
     local = [v for v in range(tpl.n) if tpl.local[v]]
     if len(local) != len(records):
         raise ValueError(f"{len(records)} records for {len(local)} local tasks")
@@ -66,12 +78,11 @@ def ready_gaps(tpl: Template, records: list[Record]) -> AgentGaps:
             if (rec[b].kind in KINDS and not tpl.remote[b]
                     and all(rec[u].end_s <= end_a for u in tpl.preds[b])):
                 gaps[KINDS[rec[b].kind]].append(rec[b].start_s - end_a)
-    return AgentGaps({k: max(0.0, statistics.median(v)) for k, v in gaps.items()},
-                     {k: len(v) for k, v in gaps.items()})
+    return dict(gaps)
 
 
-def measure(model_config: dict, seq: int, device: str, chunk_mib: float = Plan().h2d_chunk_mib,
-            steps: int = STEPS) -> AgentGaps:
+def measure(model_config: dict, seq: int, device: str,
+            chunk_mib: float = Plan().h2d_chunk_mib) -> AgentGaps:
     """The executor's dispatch cost per CPU agent kind on this machine (module docstring)."""
     cfg = first_layers_config(model_config, LAYERS)
     spec = parse_hf_config(cfg, f"the profiled model cut to {LAYERS} layers")
@@ -85,9 +96,15 @@ def measure(model_config: dict, seq: int, device: str, chunk_mib: float = Plan()
         try:
             data = torch.randint(0, spec.vocab_size, (1, seq),
                                  generator=torch.Generator().manual_seed(0))
-            for _ in range(steps):
-                last = eng.step(data)
-            return ready_gaps(eng.tpl, last.timeline.records)
+            for _ in range(WARMUP_STEPS):
+                eng.step(data)
+            samples: dict[str, list[float]] = {k: [] for k in AGENT_GAP_KINDS}
+            steps = 0
+            while steps < MAX_STEPS and min(map(len, samples.values())) < MIN_PAIRS:
+                for k, v in ready_gaps(eng.tpl, eng.step(data).timeline.records).items():
+                    samples[k] += v
+                steps += 1
+            return AgentGaps.of(samples, steps)
         finally:
             eng.close()
     finally:

@@ -360,7 +360,8 @@ class Assembler:
                 f"measured: the executor (slidedp.exec.Engine, {name} cut to {agents.LAYERS} "
                 f"decoder layers, seq {seq}, one sequence, the default plan's "
                 f"{Plan().h2d_chunk_mib:g} MiB chunks, "
-                f"{agents.STEPS} steps), its last step: per CPU agent kind, the median of "
+                f"{gaps.steps} steps after {agents.WARMUP_STEPS} of warm-up): per CPU agent "
+                "kind, the median of "
                 "start(next task) - end(previous task) over consecutive tasks of one agent whose "
                 "next task's inputs had all ended before (" + ", ".join(
                     f"{k} {n} pairs" for k, n in gaps.pairs.items()) + "); profile/agents.py")
