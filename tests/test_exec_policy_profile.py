@@ -45,7 +45,6 @@ def _check(family: str, policy: str, ratio: float = 0.0):
     predicted = tokens * (policy_cost(m, policy, SEQ).retained_bytes + _eager_difference(m, policy))
     assert prof.retained_bytes == predicted
     assert prof.offload_bytes == round(ratio * prof.retained_bytes)
-    assert prof.compute_s == pytest.approx(prof.fwd_s + prof.recompute_s + prof.bwd_s)
     assert prof.fwd_s > 0 and prof.bwd_s > 0
     assert (prof.recompute_s > 0) == policy_cost(m, policy, SEQ).recomputes
     assert prof.transient_peak_bytes is None and prof.retained_alloc_bytes is None  # CPU

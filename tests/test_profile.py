@@ -597,7 +597,6 @@ def test_the_executor_dispatch_cost_is_measured_and_written():
     reads back as HostSpec.task_gap_s."""
     gaps = agents.measure(dict(load_model("tiny-qwen3").config), 32, "cpu", chunk_mib=1 / 64)
     assert set(gaps.gap_s) == {"cast", "adam"} and 1 <= gaps.steps <= agents.MAX_STEPS
-    assert min(gaps.pairs.values()) >= agents.MIN_PAIRS or gaps.steps == agents.MAX_STEPS
     assert all(0 <= s < 0.05 for s in gaps.gap_s.values()), gaps
     res = _fake_results()
     res.agent_gaps = ("tiny-qwen3", 32, agents.AgentGaps({"cast": 70e-6, "adam": 0.12e-3},

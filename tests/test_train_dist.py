@@ -22,6 +22,10 @@ from transformers import AutoModelForCausalLM
 from slidedp import cli
 from slidedp.exec.checkpoint import latest_checkpoint
 
+# one xdist worker runs the torchrun jobs of the dist modules one at a time (addopts: --dist
+# loadgroup): two at once on the 2-core CI machine stretch their timing-bound checks
+pytestmark = pytest.mark.xdist_group("dist")
+
 # 6 steps of the tiny preset; 2 ranks x micro-batch 2 x accumulation 2 = global batch 8
 RUN = ["--steps", "6", "--global-batch", "8", "--micro-batch", "2", "--warmup-steps", "2",
        "--device", "cpu", "--checkpoint-every", "2", "--eps", "1e-6"]
