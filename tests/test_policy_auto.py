@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import slidedp.policy.activations as policy_activations
 import slidedp.policy.auto as auto
+import slidedp.sim.batch as sim_batch
 from slidedp.model.memory import check_fits
 from slidedp.policy.activations import PolicyProfile, place, profile_policies, shortlist
 from slidedp.policy.auto import auto_plan, capped
 from slidedp.policy.milp import PolicyData, brute_force, memory_bytes, solve, step_cost_s
-from slidedp.policy.routes import TIE_REL, best_first, window_candidates
+from slidedp.policy.report import ActivationChoice, Finalist, PolicyReport
+from slidedp.policy.routes import TIE_REL, Scored, best_first, window_candidates
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
@@ -349,17 +350,19 @@ def test_calibration_rounds_measure_what_the_milps_choose_then_solve_again():
 
 
 def test_calibration_rounds_simulate_nothing_twice(monkeypatch):
-    """Re-solving after a calibration round reuses the simulated tail plans (memo): the rounds
-    add only the measured costs, not a second pass of simulations."""
+    """Re-solving after a calibration round reuses the simulated plans (sim/batch.py StepTimes,
+    here in this process): the rounds add only the measured costs, not a second pass of
+    simulations."""
     hw, wl = _tiny()
     seen: list[Plan] = []
-    real = policy_activations.simulate
+    real = sim_batch.simulate
 
     def counting(hw_, wl_, plan, **kw):
         seen.append(plan)
         return real(hw_, wl_, plan, **kw)
 
-    monkeypatch.setattr(policy_activations, "simulate", counting)
+    monkeypatch.setattr(sim_batch, "MAX_WORKERS", 1)
+    monkeypatch.setattr(sim_batch, "simulate", counting)
     _, rep = auto_plan(hw, wl, 40 * GIB, calibrate=lambda ref, name: 1.0)
     assert len(rep.measured_taus) >= 2  # measured costs (here two rounds, one policy each)
     assert seen and len(seen) == len(set(seen))
@@ -514,3 +517,52 @@ def test_best_first_is_a_permutation_led_by_a_near_best(items):
     best = min(x[1] for x in items)
     assert order[0][1] <= best * (1 + TIE_REL)
     assert order[0][0] == max(x[0] for x in items if x[1] <= best * (1 + TIE_REL))
+
+
+def _dropped_mix_report(measured_taus: set[str]) -> PolicyReport:
+    """One finalist whose MILP mix (`sac` on the last 2 of 4 layers) the whole-plan simulation
+    dropped; its all-`layer` route measured 1.0 s."""
+    route = Plan(layer_policies=("layer",) * 4)
+    a = ActivationChoice(route, 1.0, {"layer": 0.25, "sac": 0.24}, {"layer": 1.0, "sac": 2.0},
+                         1e9, {"layer": 4}, 1.0, "host-bound", [],
+                         dropped=replace(route, layer_policies=("layer", "layer", "sac", "sac")))
+    return PolicyReport(cap_bytes=GIB, n_layers=4, base_window=3, probe_device="fake",
+                        finalists=[Finalist(Scored(route, 1.0, 1.0, 1.0), a)],
+                        measured_taus=measured_taus)
+
+
+@pytest.mark.parametrize("mix_s, kept", [(0.9, True), (1.1, False)])
+def test_a_dropped_mix_with_a_measured_saving_is_probed_and_the_probe_decides(mix_s, kept):
+    """The whole-plan simulation dropped the mix while the probes measured a saving for `sac`:
+    the mix is probed against its measured all-`layer` route and taken only if faster."""
+    rep, probed = _dropped_mix_report({"sac"}), []
+
+    def probe(plan):
+        probed.append(plan)
+        return mix_s
+
+    auto._probe_mix(probe, rep, deadline=None, longest=0.0)
+    assert probed == [rep.chosen.activations.dropped]
+    assert rep.chosen.plan_measured_s == mix_s
+    assert rep.chosen.plan.layer_policies == (("layer", "layer", "sac", "sac") if kept
+                                              else ("layer",) * 4)
+    line = next(x for x in rep.lines() if x.startswith("policy mix the whole-plan simulation"))
+    assert "(layer x2, sac x2)" in line
+    assert ("kept: the probe overturned the simulation" in line) == kept
+
+
+def test_a_dropped_mix_is_probed_only_on_a_measured_saving_and_within_the_limit():
+    """No measured cost of its policies: the simulator's drop stands, nothing probed; measured
+    but past the time limit: not probed, and the report says so."""
+    def probe(plan):
+        raise AssertionError("not to be probed")
+
+    rep = _dropped_mix_report(set())
+    auto._probe_mix(probe, rep, deadline=None, longest=0.0)
+    assert rep.chosen.plan.layer_policies == ("layer",) * 4 and not rep.notes
+    rep = _dropped_mix_report({"sac"})
+    auto._probe_mix(probe, rep, deadline=time.perf_counter() + 1.0, longest=5.0)
+    assert rep.chosen.plan.layer_policies == ("layer",) * 4
+    assert rep.notes == ["the policy mix the whole-plan simulation dropped was not probed: the "
+                         "selection's time limit (the longest probe so far would end past it; "
+                         "kept as the simulator chose it)"]

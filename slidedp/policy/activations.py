@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from slidedp.graph.costs import flops_per_hbm_byte
-from slidedp.sim.simulator import simulate
+from slidedp.sim.batch import StepTimes
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
 from slidedp.spec.segments import ALL_KEPT, LayerPolicy, policy_cost, recompute_fraction
@@ -134,23 +134,21 @@ def marginal_costs(
     names: list[str],
     k_layers: int,
     measured: dict[str, float] | None = None,
-    memo: dict[Plan, float] | None = None,
+    sims: StepTimes | None = None,
 ) -> tuple[float, dict[str, float]]:
     """(T_0, tau_j per policy name) by simulation (module docstring); `reference` is all-layer;
     `measured`: marginal seconds per layer over `layer` measured by real probes, used as is;
-    `memo`: simulated steps by plan, kept by a caller that asks again on the same hardware and
-    workload (AutoPolicy re-solving after a calibration round), so nothing is simulated twice."""
+    `sims`: simulated steps by plan (sim/batch.py), kept by a caller that asks again on the same
+    hardware and workload (AutoPolicy re-solving after a calibration round), so nothing is
+    simulated twice; the plans of one call are simulated at once where it has worker processes."""
     L = wl.model.n_layers
     k = max(1, min(L, k_layers))
     measured = measured or {}
-    memo = {} if memo is None else memo
-
-    def step_s(plan: Plan) -> float:
-        if plan not in memo:
-            memo[plan] = simulate(hw, wl, plan, check_memory=False).step_time_s
-        return memo[plan]
-
-    t0 = step_s(tail_plan(reference, L, "layer", 0))
+    sims = sims or StepTimes(hw, wl, workers=1)
+    simulated = {n: tail_plan(reference, L, n, k) for n in names
+                 if n != "layer" and n not in measured}
+    sims.prefetch([tail_plan(reference, L, "layer", 0), *simulated.values()])
+    t0 = sims.step_s(tail_plan(reference, L, "layer", 0))
     tau0 = t0 / L
     taus = {}
     for name in names:
@@ -159,5 +157,5 @@ def marginal_costs(
         elif name in measured:
             taus[name] = tau0 + measured[name]
         else:
-            taus[name] = tau0 + (step_s(tail_plan(reference, L, name, k)) - t0) / k
+            taus[name] = tau0 + (sims.step_s(simulated[name]) - t0) / k
     return t0, taus

@@ -11,25 +11,30 @@ simulator ranking in seconds and real probes spent only on confirming the finali
   5-6  per finalist, milp.solve on the memory its route and window leave, activations.place:
        a bigger window trades activation memory for fewer uploads, decided on whole plans.
        With `calibrate` (policy/probe.py: a reduced real pipeline, bounded by one layer's
-       profile), the policies the finalists' MILPs chose get measured tau_j and the MILPs are
-       solved again, for at most CALIBRATION_ROUNDS rounds (a round measures only policies
-       newly chosen): real runs go to the policies that can matter, not the whole shortlist.
+       profile), the policies the finalists' MILPs chose (kept or dropped in step 7) get
+       measured tau_j and the MILPs are solved again, for at most CALIBRATION_ROUNDS rounds (a
+       round measures only policies newly chosen): real runs go to the policies that can
+       matter, not the whole shortlist. The simulations of these stages (tens of plans, ~0.2 s
+       each at 8B) run several at once in worker processes (sim/batch.py StepTimes).
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
        until it fits, or InfeasiblePlan (it cannot fit the cap at all). A mix whose whole plan
        simulates no faster than all `layer` on its route (an offload ratio above 0 can make the
-       summed per-layer savings positive and the whole plan slower) is dropped for all `layer`.
+       summed per-layer savings positive and the whole plan slower; a step the simulator calls
+       host-bound credits no GPU saving) is dropped for all `layer`, and kept for a probe.
   Choice: the finalist with the smallest route step minus activation saving (the smaller of the
   MILP's sum and the whole plan simulated with its policies, ActivationChoice.saving_s;
   simulated: within routes.TIE_REL of it, the largest chunks, routes.best_first); with `probe`
   (Plan -> measured s/step on this device, policy/probe.py) the finalists' routes are measured,
   best simulated first, as long as the selection's time limit allows (the unmeasured ones leave
-  the choice), the measured step replaces the simulated one, and the chosen plan is measured too
-  when its policies differ (and the executor runs them) and the longest probe so far still ends
-  within the limit: measured slower than its all-`layer` route, the
-  policy mix is rejected and every layer kept on `layer`. The report says whether the probes
-  confirmed or overturned the simulator's choice.
+  the choice), the measured step replaces the simulated one, and the chosen finalist's policy mix
+  is measured too (_probe_mix) when the longest probe so far still ends within the limit and the
+  executor runs it: the MILP's mix, or the one step 7 dropped where a policy of it has a measured
+  tau_j (the measured per-layer costs and the whole-plan simulation disagree: the probe decides).
+  Measured slower than its all-`layer` route, the mix is rejected and every layer kept on
+  `layer`; a dropped mix measured faster is taken. The report says whether the probes confirmed
+  or overturned the simulator's choice.
 A probe with a prepare() method (policy/probe.py) is asked to start building what it runs on
 once the route ranking has found a plan that fits, so that the build overlaps the simulated
 stages.
@@ -61,6 +66,7 @@ from slidedp.policy.routes import (
     rank,
     window_candidates,
 )
+from slidedp.sim.batch import StepTimes
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import HardwareSpec
@@ -87,11 +93,12 @@ def activation_budget_bytes(hw: HardwareSpec, wl: Workload, plan: Plan) -> float
     return hw.gpu.hbm_bytes - sum(v for k, v in terms.items() if k not in ACTIVATION_TERMS)
 
 
-def _route_ranking(hw: HardwareSpec, wl: Workload, base: Plan, notes: list[str]) -> list[Scored]:
+def _route_ranking(hw: HardwareSpec, wl: Workload, base: Plan, notes: list[str],
+                   sims: StepTimes) -> list[Scored]:
     """Ranked feasible route candidates; raising the offload ratio when none fits at r = 0."""
     for r in (base.offload_ratio, *OFFLOAD_STEPS):
         b = replace(base, offload_ratio=r)
-        ranked = rank(hw, wl, candidates(b, wl.gpus, window_candidates(hw, wl, b)))
+        ranked = rank(hw, wl, candidates(b, wl.gpus, window_candidates(hw, wl, b)), sims=sims)
         if ranked:
             if r != base.offload_ratio:
                 notes.append(f"nothing fits without offload: offload ratio raised to {r:g}")
@@ -101,7 +108,7 @@ def _route_ranking(hw: HardwareSpec, wl: Workload, base: Plan, notes: list[str])
     raise InfeasiblePlan("GPU memory per GPU", 0.0, hw.gpu.hbm_bytes, "no route candidate fits")
 
 
-def _finalist_routes(hw: HardwareSpec, wl: Workload, ranked: list[Scored]) -> list[Scored]:
+def _finalist_routes(ranked: list[Scored], sims: StepTimes) -> list[Scored]:
     """The best route of each window size and of each chunk size, all simulated.
 
     Chunk sizes get their own finalists because the simulator barely tells them apart while the
@@ -115,8 +122,8 @@ def _finalist_routes(hw: HardwareSpec, wl: Workload, ranked: list[Scored]) -> li
         for s in ranked:
             picks.setdefault(key(s.plan), s)
         out += [s for s in picks.values() if s not in out]
-    return [s if s.simulated_s is not None else
-            replace(s, simulated_s=simulate(hw, wl, s.plan, check_memory=False).step_time_s)
+    sims.prefetch([s.plan for s in out if s.simulated_s is None])
+    return [s if s.simulated_s is not None else replace(s, simulated_s=sims.step_s(s.plan))
             for s in out]
 
 
@@ -151,12 +158,12 @@ def _exposure(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[float, str]:
 
 
 def _activations(hw: HardwareSpec, wl: Workload, route: Plan, profiles: list[PolicyProfile],
-                 measured: dict[str, float], memo: dict[Plan, float]) -> ActivationChoice:
-    """Steps 3-7 on one route (module docstring); memo: marginal_costs' simulated steps."""
+                 measured: dict[str, float], sims: StepTimes) -> ActivationChoice:
+    """Steps 3-7 on one route (module docstring); sims: marginal_costs' simulated steps."""
     L, notes = wl.model.n_layers, []
     route = replace(route, layer_policies=())
     t0, taus = marginal_costs(hw, wl, route, [p.name for p in profiles], max(1, L // 4), measured,
-                              memo)
+                              sims)
     tok, tok_mb, r = wl.tokens_per_gpu_step, wl.tokens_per_micro_batch, route.offload_ratio
     data = [
         PolicyData(p.name, taus[p.name], (1 - r) * tok * p.retained_bytes_per_token,
@@ -170,15 +177,16 @@ def _activations(hw: HardwareSpec, wl: Workload, route: Plan, profiles: list[Pol
         notes.append("fell back to the conservative plan: every layer `layer`")
         plan = replace(route, layer_policies=("layer",) * L)
     final_s, exposure = _exposure(hw, wl, plan)
+    dropped = None
     if final_s >= t0 and set(plan.layer_policies) != {"layer"}:
         notes.append(f"the MILP's mix simulated {final_s:.4g} s as a whole plan, no faster than "
                      f"all `layer` ({t0:.4g} s): every layer kept on `layer`")
-        plan = replace(route, layer_policies=("layer",) * L)
+        dropped, plan = plan, replace(route, layer_policies=("layer",) * L)
         final_s, exposure = _exposure(hw, wl, plan)
     return ActivationChoice(
         plan, t0, taus, {d.name: d.retained_bytes for d in data}, budget,
         {name: plan.layer_policies.count(name) for name in set(plan.layer_policies)},
-        final_s, exposure, notes)
+        final_s, exposure, notes, dropped)
 
 
 def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
@@ -240,20 +248,30 @@ def auto_plan(
     time_limit_s: the probes stop where the next would end the selection past it (_confirm;
     the simulated stages and the measured policy costs always run: seconds)."""
     start = time.perf_counter()
+    hw = capped(hardware, cap_bytes)
+    with StepTimes(hw, workload) as sims:
+        return _auto_plan(hw, workload, cap_bytes, sims, start, base, probe, probe_device,
+                          calibrate, runs_policy, time_limit_s)
+
+
+def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes, start: float,
+               base: Plan | None, probe: Probe | None, probe_device: str | None,
+               calibrate: Calibrate | None, runs_policy: Callable[[str], bool] | None,
+               time_limit_s: float | None) -> tuple[Plan, PolicyReport]:
+    """auto_plan's stages on the capped hardware (module docstring)."""
     deadline = None if time_limit_s is None else start + time_limit_s
-    hw, wl = capped(hardware, cap_bytes), workload
     base = replace(base or default_plan(hw.fabric.kind), layer_policies=())
-    rep = PolicyReport(cap_bytes=min(cap_bytes, hardware.gpu.hbm_bytes),
+    rep = PolicyReport(cap_bytes=min(cap_bytes, hw.gpu.hbm_bytes),
                        n_layers=wl.model.n_layers, base_window=base.window_slots,
                        probe_device=probe_device if probe is not None else None)
     try:
         rep.default_route_s = simulate(hw, wl, base).step_time_s  # checks the fit first
     except InfeasiblePlan:
         rep.notes.append("the default plan does not fit the cap")
-    rep.routes = _route_ranking(hw, wl, base, rep.notes)
+    rep.routes = _route_ranking(hw, wl, base, rep.notes, sims)
     if probe is not None and hasattr(probe, "prepare"):  # a plan fits: build what probes run on
         probe.prepare()
-    routes = _finalist_routes(hw, wl, rep.routes)
+    routes = _finalist_routes(rep.routes, sims)
     lap = rep.stage_timer(start)
     lap("route ranking")
 
@@ -264,17 +282,17 @@ def auto_plan(
         rep.notes.append(f"activation policies limited to those the executor runs: "
                          f"{', '.join(p.name for p in profiles)} (of the shortlist)")
     measured: dict[str, float] = {}
-    memo: dict[Plan, float] = {}
 
     def solved() -> list[Finalist]:  # every finalist route's MILP on the tau_j known so far
-        return [Finalist(s, _activations(hw, wl, s.plan, profiles, measured, memo))
+        return [Finalist(s, _activations(hw, wl, s.plan, profiles, measured, sims))
                 for s in routes]
 
     finalists = solved()
     lap("activation MILPs")
     tried: set[str] = set()
     for _ in range(CALIBRATION_ROUNDS if calibrate is not None else 0):
-        picked = sorted({n for f in finalists for n in f.activations.counts} - {"layer"} - tried)
+        picked = sorted({n for f in finalists for n in f.probed_mix.layer_policies}
+                        - {"layer"} - tried)
         if not picked:
             break
         tried.update(picked)
@@ -294,23 +312,37 @@ def auto_plan(
         rep.finalists = best_first(finalists, lambda f: f.score_s, lambda f: f.route.plan)
     else:  # measured: the fastest
         rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
-    chosen = rep.chosen
-    mixed = chosen.activations.counts != {"layer": wl.model.n_layers}
-    if probe is not None and mixed and chosen.route.measured_s is None:
-        rep.notes.append("the chosen policy mix was not probed: no route was measured to compare "
-                         "it with (the probe refused them)")
-    elif (probe is not None and mixed and deadline is not None
-            and time.perf_counter() + longest > deadline):
-        rep.notes.append("the chosen policy mix was not probed: the selection's time limit "
-                         "(the longest probe so far would end past it; kept as the simulator "
-                         "chose it)")
-    elif probe is not None and mixed:
-        chosen.plan_measured_s = probe(chosen.activations.plan)
-        if chosen.plan_measured_s is None:
-            rep.notes.append("the chosen policy mix itself was not measured: the probe refused "
-                             "it (see `probe refused`; its all-`layer` route was measured)")
-        else:
-            chosen.activations_rejected = chosen.plan_measured_s > chosen.route.measured_s
+    if probe is not None and _probe_mix(probe, rep, deadline, longest):
         lap("probe of the chosen mix")
     rep.selection_s = time.perf_counter() - start
-    return chosen.plan, rep
+    return rep.chosen.plan, rep
+
+
+def _probe_mix(probe: Probe, rep: PolicyReport, deadline: float | None, longest: float) -> bool:
+    """Measure the chosen finalist's policy mix against its measured all-`layer` route: the
+    MILP's mix, or the one the whole-plan simulation dropped where the probes measured a saving
+    for one of its policies (the measured per-layer costs and the simulator's verdict on the
+    whole plan disagree, e.g. a step the simulator calls host-bound within its error: Qwen3-8B mb
+    4 on nvidia-h200, 2026-12-01, where `sac` measured 3.5% faster). Only where the longest probe
+    so far still ends within the deadline. Whether it ran a probe."""
+    chosen = rep.chosen
+    a = chosen.activations
+    dropped = a.dropped is not None and bool(set(a.dropped.layer_policies) & rep.measured_taus)
+    what = "the policy mix the whole-plan simulation dropped" if dropped else "the chosen policy mix"
+    if a.counts == {"layer": rep.n_layers} and not dropped:
+        return False
+    if chosen.route.measured_s is None:
+        rep.notes.append(f"{what} was not probed: no route was measured to compare it with (the "
+                         "probe refused them)")
+    elif deadline is not None and time.perf_counter() + longest > deadline:
+        rep.notes.append(f"{what} was not probed: the selection's time limit (the longest probe "
+                         "so far would end past it; kept as the simulator chose it)")
+    else:
+        chosen.plan_measured_s = probe(chosen.probed_mix)
+        if chosen.plan_measured_s is None:
+            rep.notes.append(f"{what} itself was not measured: the probe refused it (see `probe "
+                             "refused`; its all-`layer` route was measured)")
+        else:
+            chosen.activations_rejected = chosen.plan_measured_s > chosen.route.measured_s
+        return True
+    return False

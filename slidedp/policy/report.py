@@ -32,6 +32,11 @@ class ActivationChoice:
     final_s: float  # simulated, with the chosen policies
     exposure: str
     notes: list[str] = field(default_factory=list)
+    dropped: Plan | None = None  # the MILP's mix, where its whole plan simulated no faster
+
+    @staticmethod
+    def counts_of(plan: Plan) -> dict[str, int]:
+        return {name: plan.layer_policies.count(name) for name in dict.fromkeys(plan.layer_policies)}
 
     @property
     def milp_saving_s(self) -> float:
@@ -60,21 +65,29 @@ class ActivationChoice:
 @dataclass
 class Finalist:
     """A route that went through the activation stage; probes measure `route.plan` (all
-    `layer`, which the executor always runs) and, when it differs, the chosen plan itself."""
+    `layer`, which the executor always runs) and, when it differs, the policy mix (probed_mix)."""
 
     route: Scored
     activations: ActivationChoice
-    plan_measured_s: float | None = None
-    activations_rejected: bool = False  # measured slower than its all-`layer` route
+    plan_measured_s: float | None = None  # probed_mix measured
+    activations_rejected: bool = False  # probed_mix measured slower than its all-`layer` route
+
+    @property
+    def probed_mix(self) -> Plan:
+        """The mix a probe measures: the one the whole-plan simulation dropped where there is
+        one (auto._probe_mix probes it only where a policy of it has a measured cost), else the
+        MILP's."""
+        return self.activations.dropped or self.activations.plan
 
     @property
     def plan(self) -> Plan:
         """The plan this finalist stands for: the route with the MILP's policies, unless the
-        probes rejected them (then every layer `layer`)."""
+        probes rejected them (then every layer `layer`); a dropped mix that the probe measured
+        faster than all `layer`."""
         if self.activations_rejected:
             return self.activations.plan.with_overrides(
                 layer_policies=("layer",) * len(self.activations.plan.layer_policies))
-        return self.activations.plan
+        return self.probed_mix if self.plan_measured_s is not None else self.activations.plan
 
     @property
     def simulated_score_s(self) -> float:
@@ -186,9 +199,17 @@ class PolicyReport:
             out.append(f"probes on {self.probe_device}: overturned the simulator's choice "
                        f"({sim.label()}, {sim.score_s:.4g} s measured) for {c.label()} "
                        f"({c.score_s:.4g} s measured)")
-        if c.plan_measured_s is not None:
+        a = c.activations
+        if c.plan_measured_s is not None and a.dropped is not None:
+            mix = ", ".join(f"{n} x{k}" for n, k in a.counts_of(a.dropped).items())
+            out.append(f"policy mix the whole-plan simulation dropped ({mix}) measured "
+                       f"{c.plan_measured_s:.4g} s/step on {self.probe_device}, all-`layer` route "
+                       f"{c.route.measured_s:.4g} s: "
+                       + ("dropped, every layer kept on `layer`" if c.activations_rejected
+                          else "kept: the probe overturned the simulation"))
+        elif c.plan_measured_s is not None:
             out.append(f"policy mix measured {c.plan_measured_s:.4g} s/step on {self.probe_device} "
-                       f"(simulated {c.activations.final_s:.4g} s), all-`layer` route "
+                       f"(simulated {a.final_s:.4g} s), all-`layer` route "
                        f"{c.route.measured_s:.4g} s: "
                        + ("rejected, every layer kept on `layer`" if c.activations_rejected
                           else "kept"))

@@ -8,7 +8,8 @@ candidates()  param route x grad route x chunk size (H2D = D2H) x update shardin
               one GPU only the single-GPU routes (replicated, gpu, rank0) exist.
 rank()        drop candidates that do not fit GPU or host memory (model/memory.py), pre-filter
               with the analytic model (slidedp.model.predict, ~0.03 s each), simulate the best
-              `simulate_top` (~0.2 s each for Qwen3-8B) and order them by simulated step time
+              `simulate_top` (~0.2 s each for Qwen3-8B; several at once where `sims` has worker
+              processes, sim/batch.py) and order them by simulated step time
               (best_first: within TIE_REL of the best, larger chunks first, then fewer
               window slots, which leaves more memory to the activations).
 Real probes (Probe: Plan -> measured seconds per step, None where the executor does not run the
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from slidedp.model.memory import check_fits
 from slidedp.model.predict import predict
-from slidedp.sim.simulator import simulate
+from slidedp.sim.batch import StepTimes
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
@@ -105,8 +106,11 @@ def candidates(base: Plan, gpus: int, windows: list[int]) -> list[Plan]:
     ]
 
 
-def rank(hw: HardwareSpec, wl: Workload, plans: list[Plan], simulate_top: int = 8) -> list[Scored]:
-    """Feasible candidates, best first (module docstring)."""
+def rank(hw: HardwareSpec, wl: Workload, plans: list[Plan], simulate_top: int = 8,
+         sims: StepTimes | None = None) -> list[Scored]:
+    """Feasible candidates, best first (module docstring); sims: where the simulated steps come
+    from (sim/batch.py: several at once in worker processes; default: one by one here)."""
+    sims = sims or StepTimes(hw, wl, workers=1)
     scored = []
     for p in plans:
         try:
@@ -115,8 +119,6 @@ def rank(hw: HardwareSpec, wl: Workload, plans: list[Plan], simulate_top: int = 
             continue
         scored.append(Scored(p, analytic_s))
     scored.sort(key=lambda s: (s.analytic_s, s.plan.window_slots))
-    top = [
-        replace(s, simulated_s=simulate(hw, wl, s.plan, check_memory=False).step_time_s)
-        for s in scored[:simulate_top]
-    ]
+    sims.prefetch([s.plan for s in scored[:simulate_top]])
+    top = [replace(s, simulated_s=sims.step_s(s.plan)) for s in scored[:simulate_top]]
     return best_first(top, lambda s: s.simulated_s, lambda s: s.plan) + scored[simulate_top:]
