@@ -525,16 +525,18 @@ def _dropped_mix_report(measured_taus: set[str]) -> PolicyReport:
     route = Plan(layer_policies=("layer",) * 4)
     a = ActivationChoice(route, 1.0, {"layer": 0.25, "sac": 0.24}, {"layer": 1.0, "sac": 2.0},
                          1e9, {"layer": 4}, 1.0, "host-bound", [],
-                         dropped=replace(route, layer_policies=("layer", "layer", "sac", "sac")))
+                         dropped=replace(route, layer_policies=("layer", "layer", "sac", "sac")),
+                         dropped_s=1.01)
     return PolicyReport(cap_bytes=GIB, n_layers=4, base_window=3, probe_device="fake",
                         finalists=[Finalist(Scored(route, 1.0, 1.0, 1.0), a)],
                         measured_taus=measured_taus)
 
 
-@pytest.mark.parametrize("mix_s, kept", [(0.9, True), (1.1, False)])
+@pytest.mark.parametrize("mix_s, kept", [(0.9, True), (1.1, False), (1.0, False), (0.996, False)])
 def test_a_dropped_mix_with_a_measured_saving_is_probed_and_the_probe_decides(mix_s, kept):
     """The whole-plan simulation dropped the mix while the probes measured a saving for `sac`:
-    the mix is probed against its measured all-`layer` route and taken only if faster."""
+    the mix is probed against its measured all-`layer` route and taken only if faster beyond a
+    tie (routes.TIE_REL: the simulator saw no gain); the report's lines follow the plan."""
     rep, probed = _dropped_mix_report({"sac"}), []
 
     def probe(plan):
@@ -546,9 +548,14 @@ def test_a_dropped_mix_with_a_measured_saving_is_probed_and_the_probe_decides(mi
     assert rep.chosen.plan_measured_s == mix_s
     assert rep.chosen.plan.layer_policies == (("layer", "layer", "sac", "sac") if kept
                                               else ("layer",) * 4)
-    line = next(x for x in rep.lines() if x.startswith("policy mix the whole-plan simulation"))
-    assert "(layer x2, sac x2)" in line
-    assert ("kept: the probe overturned the simulation" in line) == kept
+    lines = rep.lines()
+    line = next(x for x in lines if x.startswith("policy mix the whole-plan simulation"))
+    assert "(layer x2, sac x2)" in line and "(simulated 1.01 s)" in line
+    assert ("taken: the probe overturned the simulation" in line) == kept
+    sac = next(x for x in lines if x.lstrip().startswith("sac "))
+    assert sac.endswith(f"chosen for {2 if kept else 0} layers")
+    assert any(x.startswith("policy mix: 1.01 s/step") and "taken by the probe" in x
+               for x in lines) == kept
 
 
 def test_a_dropped_mix_is_probed_only_on_a_measured_saving_and_within_the_limit():
@@ -558,10 +565,13 @@ def test_a_dropped_mix_is_probed_only_on_a_measured_saving_and_within_the_limit(
         raise AssertionError("not to be probed")
 
     rep = _dropped_mix_report(set())
-    auto._probe_mix(probe, rep, deadline=None, longest=0.0)
+    assert not auto._probe_mix(probe, rep, deadline=None, longest=0.0)
     assert rep.chosen.plan.layer_policies == ("layer",) * 4 and not rep.notes
     rep = _dropped_mix_report({"sac"})
-    auto._probe_mix(probe, rep, deadline=time.perf_counter() + 1.0, longest=5.0)
+    rep.chosen.activations.taus_s["sac"] = 0.26  # measured, but costlier than `layer`
+    assert not auto._probe_mix(probe, rep, deadline=None, longest=0.0)
+    rep = _dropped_mix_report({"sac"})
+    assert not auto._probe_mix(probe, rep, deadline=time.perf_counter() + 1.0, longest=5.0)
     assert rep.chosen.plan.layer_policies == ("layer",) * 4
     assert rep.notes == ["the policy mix the whole-plan simulation dropped was not probed: the "
                          "selection's time limit (the longest probe so far would end past it; "

@@ -144,11 +144,10 @@ def marginal_costs(
     L = wl.model.n_layers
     k = max(1, min(L, k_layers))
     measured = measured or {}
-    sims = sims or StepTimes(hw, wl, workers=1)
-    simulated = {n: tail_plan(reference, L, n, k) for n in names
-                 if n != "layer" and n not in measured}
-    sims.prefetch([tail_plan(reference, L, "layer", 0), *simulated.values()])
-    t0 = sims.step_s(tail_plan(reference, L, "layer", 0))
+    sims = (sims or StepTimes(hw, wl, workers=1)).check(hw, wl)
+    plans = marginal_plans(reference, L, names, k, measured)
+    sims.prefetch(plans)
+    t0 = sims.step_s(plans[0])
     tau0 = t0 / L
     taus = {}
     for name in names:
@@ -157,5 +156,13 @@ def marginal_costs(
         elif name in measured:
             taus[name] = tau0 + measured[name]
         else:
-            taus[name] = tau0 + (sims.step_s(simulated[name]) - t0) / k
+            taus[name] = tau0 + (sims.step_s(tail_plan(reference, L, name, k)) - t0) / k
     return t0, taus
+
+
+def marginal_plans(reference: Plan, n_layers: int, names: list[str], k: int,
+                   measured: dict[str, float]) -> list[Plan]:
+    """The plans marginal_costs simulates: all `layer` first, then each policy not measured on
+    the last k layers (a caller may simulate several finalists' at once: StepTimes.prefetch)."""
+    return [tail_plan(reference, n_layers, "layer", 0)] + [
+        tail_plan(reference, n_layers, n, k) for n in names if n != "layer" and n not in measured]

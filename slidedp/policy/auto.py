@@ -52,6 +52,7 @@ from slidedp.policy.activations import (
     Calibrate,
     PolicyProfile,
     marginal_costs,
+    marginal_plans,
     place,
     profile_policies,
     shortlist,
@@ -59,6 +60,7 @@ from slidedp.policy.activations import (
 from slidedp.policy.milp import PolicyData, solve
 from slidedp.policy.report import GIB, ActivationChoice, Finalist, PolicyReport
 from slidedp.policy.routes import (
+    TIE_REL,
     Probe,
     Scored,
     best_first,
@@ -146,9 +148,9 @@ def _solve_and_place(hw: HardwareSpec, wl: Workload, route: Plan, data: list[Pol
     return None
 
 
-def _exposure(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[float, str]:
+def _exposure(sims: StepTimes, plan: Plan) -> tuple[float, str]:
     """(simulated step, which resource is exposed and where the GPU waits)."""
-    res = simulate(hw, wl, plan)
+    res = sims.summary(plan)
     host, host_s = res.host
     exposed = {k: v for k, v in res.exposed_by_channel_s.items() if v > 0}
     idle = ", ".join(f"{k.lower()} {v:.3f} s" for k, v in sorted(exposed.items(), key=lambda kv: -kv[1]))
@@ -157,36 +159,48 @@ def _exposure(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[float, str]:
         f"busiest other {host} {host_s:.3f} s per step; GPU idle {idle or 'none'}")
 
 
-def _activations(hw: HardwareSpec, wl: Workload, route: Plan, profiles: list[PolicyProfile],
-                 measured: dict[str, float], sims: StepTimes) -> ActivationChoice:
-    """Steps 3-7 on one route (module docstring); sims: marginal_costs' simulated steps."""
-    L, notes = wl.model.n_layers, []
-    route = replace(route, layer_policies=())
-    t0, taus = marginal_costs(hw, wl, route, [p.name for p in profiles], max(1, L // 4), measured,
-                              sims)
-    tok, tok_mb, r = wl.tokens_per_gpu_step, wl.tokens_per_micro_batch, route.offload_ratio
-    data = [
-        PolicyData(p.name, taus[p.name], (1 - r) * tok * p.retained_bytes_per_token,
-                   tok_mb * p.transient_bytes_per_token,
-                   route.reload_ahead_layers * r * tok * p.retained_bytes_per_token)
-        for p in profiles
-    ]
-    budget = activation_budget_bytes(hw, wl, route)
-    plan = _solve_and_place(hw, wl, route, data, budget, notes)
-    if plan is None:
-        notes.append("fell back to the conservative plan: every layer `layer`")
-        plan = replace(route, layer_policies=("layer",) * L)
-    final_s, exposure = _exposure(hw, wl, plan)
-    dropped = None
-    if final_s >= t0 and set(plan.layer_policies) != {"layer"}:
-        notes.append(f"the MILP's mix simulated {final_s:.4g} s as a whole plan, no faster than "
-                     f"all `layer` ({t0:.4g} s): every layer kept on `layer`")
-        dropped, plan = plan, replace(route, layer_policies=("layer",) * L)
-        final_s, exposure = _exposure(hw, wl, plan)
-    return ActivationChoice(
-        plan, t0, taus, {d.name: d.retained_bytes for d in data}, budget,
-        {name: plan.layer_policies.count(name) for name in set(plan.layer_policies)},
-        final_s, exposure, notes, dropped)
+def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
+                 profiles: list[PolicyProfile], measured: dict[str, float],
+                 sims: StepTimes) -> list[ActivationChoice]:
+    """Steps 3-7 on each finalist route (module docstring); every route's marginal-cost plans,
+    then every route's whole plan, simulated at once (sims)."""
+    L, names = wl.model.n_layers, [p.name for p in profiles]
+    k = max(1, L // 4)
+    routes = [replace(r, layer_policies=()) for r in routes]
+    sims.prefetch([p for r in routes for p in marginal_plans(r, L, names, k, measured)])
+    staged = []
+    for route in routes:
+        notes: list[str] = []
+        t0, taus = marginal_costs(hw, wl, route, names, k, measured, sims)
+        tok, tok_mb, r = wl.tokens_per_gpu_step, wl.tokens_per_micro_batch, route.offload_ratio
+        data = [
+            PolicyData(p.name, taus[p.name], (1 - r) * tok * p.retained_bytes_per_token,
+                       tok_mb * p.transient_bytes_per_token,
+                       route.reload_ahead_layers * r * tok * p.retained_bytes_per_token)
+            for p in profiles
+        ]
+        budget = activation_budget_bytes(hw, wl, route)
+        plan = _solve_and_place(hw, wl, route, data, budget, notes)
+        if plan is None:
+            notes.append("fell back to the conservative plan: every layer `layer`")
+            plan = replace(route, layer_policies=("layer",) * L)
+        staged.append((route, t0, taus, data, budget, plan, notes))
+    sims.prefetch([st[5] for st in staged])
+    out = []
+    for route, t0, taus, data, budget, plan, notes in staged:
+        final_s, exposure = _exposure(sims, plan)
+        dropped, dropped_s = None, None
+        if final_s >= t0 and set(plan.layer_policies) != {"layer"}:
+            notes.append(f"the MILP's mix simulated {final_s:.4g} s as a whole plan, no faster "
+                         f"than all `layer` ({t0:.4g} s): dropped for all `layer` (with real "
+                         "probes it is measured where a policy of it has a measured saving)")
+            dropped, dropped_s = plan, final_s
+            plan = replace(route, layer_policies=("layer",) * L)
+            final_s, exposure = _exposure(sims, plan)
+        out.append(ActivationChoice(
+            plan, t0, taus, {d.name: d.retained_bytes for d in data}, budget,
+            ActivationChoice.counts_of(plan), final_s, exposure, notes, dropped, dropped_s))
+    return out
 
 
 def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
@@ -239,6 +253,7 @@ def auto_plan(
     calibrate: Calibrate | None = None,
     runs_policy: Callable[[str], bool] | None = None,
     time_limit_s: float | None = None,
+    sim_workers: int | None = None,
 ) -> tuple[Plan, PolicyReport]:
     """The plan AutoPolicy chooses under `cap_bytes` of GPU memory per GPU, and its report.
 
@@ -246,10 +261,11 @@ def auto_plan(
     probe / probe_device: real probes and where they run; calibrate: measured tau_j;
     runs_policy: the activation policies allowed (default: every policy of spec/segments.py);
     time_limit_s: the probes stop where the next would end the selection past it (_confirm;
-    the simulated stages and the measured policy costs always run: seconds)."""
+    the simulated stages and the measured policy costs always run: seconds);
+    sim_workers: processes simulating at once (sim/batch.py; default default_workers())."""
     start = time.perf_counter()
     hw = capped(hardware, cap_bytes)
-    with StepTimes(hw, workload) as sims:
+    with StepTimes(hw, workload, sim_workers) as sims:
         return _auto_plan(hw, workload, cap_bytes, sims, start, base, probe, probe_device,
                           calibrate, runs_policy, time_limit_s)
 
@@ -284,15 +300,17 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
     measured: dict[str, float] = {}
 
     def solved() -> list[Finalist]:  # every finalist route's MILP on the tau_j known so far
-        return [Finalist(s, _activations(hw, wl, s.plan, profiles, measured, sims))
-                for s in routes]
+        choices = _activations(hw, wl, [s.plan for s in routes], profiles, measured, sims)
+        return [Finalist(s, a) for s, a in zip(routes, choices, strict=True)]
 
     finalists = solved()
     lap("activation MILPs")
     tried: set[str] = set()
     for _ in range(CALIBRATION_ROUNDS if calibrate is not None else 0):
-        picked = sorted({n for f in finalists for n in f.probed_mix.layer_policies}
-                        - {"layer"} - tried)
+        # with probes, a dropped mix's policies too: a probe may take it (_probe_mix)
+        picked = sorted({n for f in finalists for n in (
+            f.probed_mix.layer_policies if probe is not None else f.activations.counts)}
+            - {"layer"} - tried)
         if not picked:
             break
         tried.update(picked)
@@ -301,6 +319,7 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
         finalists = solved()
         lap("activation MILPs")
     rep.measured_taus = set(measured)
+    sims.close()  # the simulated stages are over: no idle workers beside the probes
     finalists = best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)
     simulated_best = finalists[0].route.plan
     longest = 0.0
@@ -327,7 +346,8 @@ def _probe_mix(probe: Probe, rep: PolicyReport, deadline: float | None, longest:
     so far still ends within the deadline. Whether it ran a probe."""
     chosen = rep.chosen
     a = chosen.activations
-    dropped = a.dropped is not None and bool(set(a.dropped.layer_policies) & rep.measured_taus)
+    dropped = a.dropped is not None and any(
+        n in rep.measured_taus and a.taus_s[n] < a.taus_s["layer"] for n in a.dropped.layer_policies)
     what = "the policy mix the whole-plan simulation dropped" if dropped else "the chosen policy mix"
     if a.counts == {"layer": rep.n_layers} and not dropped:
         return False
@@ -342,7 +362,8 @@ def _probe_mix(probe: Probe, rep: PolicyReport, deadline: float | None, longest:
         if chosen.plan_measured_s is None:
             rep.notes.append(f"{what} itself was not measured: the probe refused it (see `probe "
                              "refused`; its all-`layer` route was measured)")
-        else:
-            chosen.activations_rejected = chosen.plan_measured_s > chosen.route.measured_s
+        else:  # a dropped mix only where faster beyond a tie: the simulator saw no gain
+            chosen.activations_rejected = chosen.plan_measured_s > chosen.route.measured_s * (
+                1 - TIE_REL if dropped else 1)
         return True
     return False

@@ -33,6 +33,7 @@ class ActivationChoice:
     exposure: str
     notes: list[str] = field(default_factory=list)
     dropped: Plan | None = None  # the MILP's mix, where its whole plan simulated no faster
+    dropped_s: float | None = None  # that whole plan, simulated
 
     @staticmethod
     def counts_of(plan: Plan) -> dict[str, int]:
@@ -170,14 +171,20 @@ class PolicyReport:
             f"activations: budget {a.budget_bytes / GIB:.2f} GiB per GPU after weights, window, "
             f"buffers and runtime; all-`layer` step {a.all_layer_s:.4g} s (simulated)")
         tau0 = a.taus_s.get("layer", 0.0)
+        counts = a.counts_of(c.plan)  # what the plan holds, after the probes
         for name, tau in sorted(a.taus_s.items(), key=lambda kv: a.retained_bytes[kv[0]]):
             how = "measured" if name in self.measured_taus else "simulated"
             out.append(
                 f"  {name:<15} retains {a.retained_bytes[name] / GIB:6.3f} GiB/layer, saves "
                 f"{1e3 * (tau0 - tau):+7.2f} ms/layer vs layer ({how}), chosen for "
-                f"{a.counts.get(name, 0)} layers")
-        out.append(f"policy mix: {a.final_s:.4g} s/step simulated as a whole plan, "
-                   f"{a.whole_plan_saving_s:+.4g} s against all-`layer`")
+                f"{counts.get(name, 0)} layers")
+        if a.dropped is not None and c.plan == a.dropped:
+            out.append(f"policy mix: {a.dropped_s:.4g} s/step simulated as a whole plan, "
+                       f"{a.all_layer_s - a.dropped_s:+.4g} s against all-`layer` (dropped by the "
+                       "simulation, taken by the probe)")
+        else:
+            out.append(f"policy mix: {a.final_s:.4g} s/step simulated as a whole plan, "
+                       f"{a.whole_plan_saving_s:+.4g} s against all-`layer`")
         out.append(f"exposed: {a.exposure}")
         out += self._probe_lines()
         out += [f"note: {n}" for n in self.notes + a.notes]
@@ -203,10 +210,11 @@ class PolicyReport:
         if c.plan_measured_s is not None and a.dropped is not None:
             mix = ", ".join(f"{n} x{k}" for n, k in a.counts_of(a.dropped).items())
             out.append(f"policy mix the whole-plan simulation dropped ({mix}) measured "
-                       f"{c.plan_measured_s:.4g} s/step on {self.probe_device}, all-`layer` route "
-                       f"{c.route.measured_s:.4g} s: "
-                       + ("dropped, every layer kept on `layer`" if c.activations_rejected
-                          else "kept: the probe overturned the simulation"))
+                       f"{c.plan_measured_s:.4g} s/step on {self.probe_device} (simulated "
+                       f"{a.dropped_s:.4g} s), all-`layer` route {c.route.measured_s:.4g} s: "
+                       + ("not faster beyond a tie, every layer kept on `layer`"
+                          if c.activations_rejected
+                          else "taken: the probe overturned the simulation"))
         elif c.plan_measured_s is not None:
             out.append(f"policy mix measured {c.plan_measured_s:.4g} s/step on {self.probe_device} "
                        f"(simulated {a.final_s:.4g} s), all-`layer` route "

@@ -110,7 +110,7 @@ def rank(hw: HardwareSpec, wl: Workload, plans: list[Plan], simulate_top: int = 
          sims: StepTimes | None = None) -> list[Scored]:
     """Feasible candidates, best first (module docstring); sims: where the simulated steps come
     from (sim/batch.py: several at once in worker processes; default: one by one here)."""
-    sims = sims or StepTimes(hw, wl, workers=1)
+    sims = (sims or StepTimes(hw, wl, workers=1)).check(hw, wl)
     scored = []
     for p in plans:
         try:
