@@ -36,13 +36,17 @@
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-# Left after the 2026-12-01 08:22-08:51 calls, in order: `x2-val` when nvidia-h200-x2 is lent
+# Left after the 2026-12-01 08:22-08:51 calls (the session of 10:35 had 34 s of device time: none
+# run), in order: `x2-val` when nvidia-h200-x2 is lent
 # (issue 6: the x2 matrix on a profile that measures the dispatch gaps; then `MODEL=qwen3-4b x2-val`),
 # `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind; at 8B on
 # nvidia-h200 `sac` beat the choice by 3.5% in one protocol run: re-run there after the shortlist
 # change, `HW=benchmarks/results/2026-12-01-h200-profile-0829.toml MODEL=qwen3-8b ap OUT 4` and
 # `ap-confirm` with --top 2 in a call of its own, with `adam-llc` first and --traces on the
-# sweep: the simulator put that 8B update at 2.39 s against 1.83-2.23 measured), `x4` / x8 when
+# sweep: the simulator put that 8B update at 2.39 s against 1.83-2.23 measured; since 11:06 the
+# selection simulates in worker processes and probes a mix the whole-plan simulation dropped
+# where a policy of it measured a saving: check the selection time stays under 60 s with that
+# extra probe and whether it now takes `sac`), `x4` / x8 when
 # lent (issue 7). Also worth one multi_gpu.py row each beside `h200-ratio`'s: 5:5 with
 # grad_buffers=3 (at mb 5 the backward stalled ~16 ms a step on its 2 gradient buffers while the
 # update lagged behind the embedding's bulk chunks; the simulator sees no stall), and a sweep's
