@@ -1,26 +1,34 @@
-"""Does the executor's update of a chunk read its gradient from the CPU's last-level cache?
-(issues 6 and 8: on nvidia-h200, 2026-12-01 08:36, Qwen3-8B at micro-batch 4 with every layer in
-the window, the executor's update channel was busy 1.83 s a step with 64 MiB chunks and 2.06 s
-with 256 MiB, against 2.39 s simulated: 125 GB/s at 28 B a parameter with 64 MiB chunks, above
-the profile's largest DRAM rate, 111 GB/s.)
+"""Do the executor's update and host sum read what the D2H has just written from the CPU's
+last-level cache? (issues 6 and 8: on nvidia-h200, 2026-12-01 08:36, Qwen3-8B at micro-batch 4
+with every layer in the window, the executor's update channel was busy 1.83 s a step with 64 MiB
+chunks and 2.06 s with 256 MiB, against 2.39 s simulated: 125 GB/s at 28 B a parameter with 64
+MiB chunks, above the profile's largest DRAM rate, 111 GB/s; on nvidia-h200-x4, 2026-11-30 21:42,
+the cpu reduction of 4 ranks' chunks ran at ~217 GB/s of the traffic the model counts, above
+that host's 177.5: benchmarks/RESULTS.md, "2026-12-01 06:04 onwards".)
 
     python3 benchmarks/adam_after_d2h_probe.py OUT.json [--chunk-mib 16 64 256]
-        [--update-threads 12] [--chunks 24] [--device cuda|cpu]
+        [--update-threads 12] [--chunks 24] [--sum-ranks 2 4] [--device cuda|cpu]
+        [--state-gib 1] [--cold-ring-gib 2]   (smaller only for a smoke run: they must exceed the LLC)
 
-Per chunk size (FP32 gradient MiB, as the plan's d2h_chunk_mib), the fused AdamW of one chunk
-(slidedp.exec.adamw.adamw_chunk, a thread with its own OpenMP team of --update-threads, as the
-executor's update agent), on p, m, v slices rotating through a state larger than any cache, with
-its gradient:
-  cold       from a pinned ring slot written long before (a rotating 2 GiB ring: from DRAM)
-  after_d2h  from a pinned ring slot the GPU has just written (a D2H copy of the chunk, waited
-             for, then the update: the executor's D2H -> ADAM edge); on the CPU (`--device cpu`)
-             a copy_ from a source buffer stands in for the DMA (kinder than a DMA: the cores
-             that then run Adam wrote the slot, so it can sit in their own caches)
-Each row: mean and median ms per chunk over --chunks chunks (two untimed first), and the state
-traffic rate at 28 B a parameter. If after_d2h is faster than cold by about the gradient's 4 of
-the 28 B, the model should count the gradient read of a chunk that fits the cache as cache
-traffic (slidedp/graph/costs.py), as for the host sum's accumulator (benchmarks/RESULTS.md,
-"2026-12-01 06:04 onwards").
+Per chunk size (FP32 gradient MiB, as the plan's d2h_chunk_mib), in a thread with its own OpenMP
+team of --update-threads (as the executor's update agent), each timed per chunk:
+  cold            the fused AdamW of one chunk (slidedp.exec.adamw.adamw_chunk) on p, m, v slices
+                  rotating through a state larger than any cache, its gradient from a pinned ring
+                  slot written long before (a rotating 2 GiB ring: from DRAM)
+  after_d2h       the same with a gradient slot the GPU has just written (a D2H copy of the
+                  chunk, waited for, then the update: the executor's D2H -> ADAM edge)
+  sum_cold R      the cpu reduction's HOST_SUM of R chunks (slidedp.exec.staging.add_chunks into
+                  a reused accumulator, then the squares for the gradient norm) from cold slots
+  sum_after_d2h R the same from R slots the GPU has just written
+  adam_after_sum R the AdamW of the chunk reading the accumulator a HOST_SUM has just written
+                  (untimed before it, from just-downloaded slots): the cpu route's HOST_SUM ->
+                  ADAM edge on one update worker
+On the CPU (`--device cpu`) a copy_ from a source buffer stands in for the DMA (kinder than a DMA:
+the cores that then run the kernel wrote the slot, so it can sit in their own caches).
+Each row: mean and median ms per chunk over --chunks chunks (two untimed first) and the rate of
+the traffic graph/build.py counts (28 B a parameter for AdamW; (3 (R - 1) + 1) x 4 B an element
+for the sum). A condition faster than its cold one by more than noise reads from the cache what
+the model counts as DRAM traffic (slidedp/graph/costs.py).
 """
 
 from __future__ import annotations
@@ -35,27 +43,83 @@ import torch
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
+from slidedp.exec.staging import add_chunks
 
 sys.path.insert(0, os.path.dirname(__file__))
 from chunk_cost_probe import team_chunks_ms  # noqa: E402
 
 MIB = 1 << 20
 STATE_BYTES_PER_PARAM = 28  # read p, m, v, g and write p, m, v, FP32
-COLD_RING_BYTES = 2 << 30  # gradient slots cycled by the cold condition: well beyond any LLC
+D2H_RING = 4  # the executor's d2h_staging_chunks ring, per rank
 
 
-def update_ms(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, grads: list[torch.Tensor],
-              refresh, n: int, chunks: int, threads: int) -> list[float]:
-    """Per-chunk ms of adamw_chunk in a thread of its own; refresh(i) (untimed) prepares the
-    gradient slot grads[i % len(grads)] first."""
-    slices, cfg = p.numel() // n, AdamWConfig()
+def sum_bytes_per_elem(ranks: int) -> int:
+    """What graph/build.py counts for a HOST_SUM of `ranks` chunks, per element."""
+    return 4 * (3 * (ranks - 1) + 1)
 
-    def update(i: int) -> None:
-        k = i % slices
-        adamw_chunk(p[k * n:(k + 1) * n], grads[i % len(grads)], m[k * n:(k + 1) * n],
-                    v[k * n:(k + 1) * n], 1, cfg, cfg.lr)
 
-    return team_chunks_ms(threads, chunks, update, refresh)
+class Probe:
+    """The state, the rings and the timed kernels of one chunk size (module docstring)."""
+
+    def __init__(self, p, m, v, n: int, device: str, threads: int, chunks: int, ranks: int,
+                 cold_ring_bytes: int):
+        self.p, self.m, self.v, self.n, self.device = p, m, v, n, device
+        self.threads, self.chunks = threads, chunks
+        self.ring = [torch.full((n,), 1e-3)
+                     for _ in range(max(2 * ranks * D2H_RING, cold_ring_bytes // (4 * n)))]
+        self.acc = torch.empty(n)
+        self.src = torch.full((n,), 1e-3, device="cuda" if device == "cuda" else "cpu")
+        self.registered: list[torch.Tensor] = []
+
+    def __enter__(self) -> Probe:
+        for g in self.ring if self.device == "cuda" else []:
+            cuda_host_register(g)
+            self.registered.append(g)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for g in self.registered:
+            cuda_host_unregister(g)
+
+    def download(self, slots: list[torch.Tensor]) -> None:
+        for g in slots:
+            g.copy_(self.src, non_blocking=self.device == "cuda")
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def slots(self, i: int, ranks: int, fresh: bool) -> list[torch.Tensor]:
+        """The ranks' slots of chunk i: in the D2H rings (fresh) or rotating through the cold
+        ring."""
+        size = ranks * D2H_RING if fresh else len(self.ring) - len(self.ring) % ranks
+        return [self.ring[(i * ranks + r) % size] for r in range(ranks)]
+
+    def adam(self, i: int, g: torch.Tensor) -> None:
+        n, cfg = self.n, AdamWConfig()
+        k = i % (self.p.numel() // n)
+        adamw_chunk(self.p[k * n:(k + 1) * n], g, self.m[k * n:(k + 1) * n],
+                    self.v[k * n:(k + 1) * n], 1, cfg, cfg.lr)
+
+    def host_sum(self, i: int, ranks: int, fresh: bool) -> None:
+        acc = add_chunks(self.slots(i, ranks, fresh), self.acc)
+        torch.dot(acc, acc)
+
+    def run(self, condition: str, ranks: int) -> list[float]:
+        """Per-chunk ms of one condition."""
+        def fresh_slots(i: int) -> None:
+            self.download(self.slots(i, ranks, True))
+
+        def sum_first(i: int) -> None:
+            fresh_slots(i)
+            self.host_sum(i, ranks, True)
+
+        timed, before = {
+            "cold": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
+            "after_d2h": (lambda i: self.adam(i, self.slots(i, 1, True)[0]), fresh_slots),
+            "sum_cold": (lambda i: self.host_sum(i, ranks, False), None),
+            "sum_after_d2h": (lambda i: self.host_sum(i, ranks, True), fresh_slots),
+            "adam_after_sum": (lambda i: self.adam(i, self.acc), sum_first),
+        }[condition]
+        return team_chunks_ms(self.threads, self.chunks, timed, before)
 
 
 def main() -> int:
@@ -65,44 +129,36 @@ def main() -> int:
                     help="FP32 gradient chunk sizes in MiB, as the plan's d2h_chunk_mib")
     ap.add_argument("--update-threads", type=int, default=12)
     ap.add_argument("--chunks", type=int, default=24)
+    ap.add_argument("--sum-ranks", type=int, nargs="*", default=[2, 4],
+                    help="ranks whose chunks a HOST_SUM adds (the cpu reduction); none: no sums")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--state-gib", type=float, default=1.0,
+                    help="at least this much per array of p, m, v (and 8 chunks)")
+    ap.add_argument("--cold-ring-gib", type=float, default=2.0,
+                    help="the cold conditions' gradient slots, cycled")
     a = ap.parse_args()
+    if any(r < 2 for r in a.sum_ranks):
+        ap.error(f"--sum-ranks: 2 or more ranks, got {a.sum_ranks}")
     sizes = [int(c * MIB) // 4 for c in a.chunk_mib]
-    big = max(sizes)
-    state = max(8 * big, 1 << 28)  # >= 1 GiB per array: p, m, v come from DRAM
+    state = max(8 * max(sizes), int(a.state_gib * (1 << 30)) // 4)  # p, m, v come from DRAM
     p, m, v = torch.full((state,), 0.5), torch.zeros(state), torch.zeros(state)
+    conditions = [("cold", 1), ("after_d2h", 1)] + [
+        (c, r) for r in a.sum_ranks for c in ("sum_cold", "sum_after_d2h", "adam_after_sum")]
     rows = []
     for n in sizes:
-        ring = [torch.full((n,), 1e-3) for _ in range(max(2, COLD_RING_BYTES // (4 * n)))]
-        registered: list[torch.Tensor] = []
-        try:
-            for g in ring if a.device == "cuda" else []:
-                cuda_host_register(g)
-                registered.append(g)
-            src = (torch.full((n,), 1e-3, device="cuda") if a.device == "cuda"
-                   else torch.full((n,), 1e-3))
-            for cond in ("cold", "after_d2h", "cold", "after_d2h"):  # interleaved, twice
-                if cond == "cold":
-                    def refresh(_i: int) -> None:
-                        pass
-                    grads = ring
-                else:
-                    grads = ring[:4]  # the executor's d2h_staging_chunks ring
-
-                    def refresh(i: int, grads=grads, n=n, src=src) -> None:
-                        grads[i % len(grads)].copy_(src, non_blocking=a.device == "cuda")
-                        if a.device == "cuda":
-                            torch.cuda.synchronize()
-                ms = update_ms(p, m, v, grads, refresh, n, a.chunks, a.update_threads)
+        with Probe(p, m, v, n, a.device, a.update_threads, a.chunks,
+                   max(a.sum_ranks, default=1), int(a.cold_ring_gib * (1 << 30))) as probe:
+            for cond, ranks in conditions * 2:  # interleaved, twice
+                ms = probe.run(cond, ranks)
                 mean = statistics.mean(ms)
-                row = {"chunk_mib": n * 4 / MIB, "condition": cond, "threads": a.update_threads,
-                       "mean_ms": mean, "median_ms": statistics.median(ms), "max_ms": max(ms),
-                       "chunks": len(ms), "state_gbps": STATE_BYTES_PER_PARAM * n / mean / 1e6}
+                counted = sum_bytes_per_elem(ranks) if cond.startswith("sum") \
+                    else STATE_BYTES_PER_PARAM
+                row = {"chunk_mib": n * 4 / MIB, "condition": cond, "ranks": ranks,
+                       "threads": a.update_threads, "mean_ms": mean,
+                       "median_ms": statistics.median(ms), "max_ms": max(ms), "chunks": len(ms),
+                       "counted_gbps": counted * n / mean / 1e6}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-        finally:
-            for g in registered:
-                cuda_host_unregister(g)
     with open(a.out, "w") as f:
         json.dump({"device": a.device, "machine_threads": torch.get_num_threads(), "rows": rows},
                   f, indent=1)

@@ -28,8 +28,8 @@
 #   bash benchmarks/next_gpu_session.sh probe-state OUT  # any H200: a probe's host state (a few
 #                                                      #   layers of memory) against the whole one:
 #                                                      #   build seconds, step time of 4B mb 1 and 4
-#   bash benchmarks/next_gpu_session.sh adam-llc OUT  # any H200: Adam on a just-downloaded gradient
-#                                                      #   chunk against a cold one (cache reads?)
+#   bash benchmarks/next_gpu_session.sh adam-llc OUT  # any H200: Adam and the host sum on just-
+#                                                      #   downloaded chunks against cold ones
 #   bash benchmarks/next_gpu_session.sh chunk-cost OUT # the executor's per-chunk cast cost: a profile,
 #                                                      #   the cast under each load, GIL switch interval
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
@@ -207,10 +207,12 @@ ap-confirm)  # any H200: the rows that decide an `ap` comparison measured again 
     # `ap-confirm OUT benchmarks/results/2026-12-01-h200-autopolicy-4b-seq16384-0428` (~6 min)
     python3 benchmarks/confirm_sweep.py "$3/sweep.jsonl" "$OUT/confirm.jsonl" --plan "$3/plan.toml" \
         | tee "$OUT/confirm.txt" ;;
-adam-llc)  # any H200 (~1 min): does the update read a just-downloaded gradient chunk from the
-    # CPU's cache? (the 8B update channel on nvidia-h200 ran at 125 GB/s of state traffic with 64 MiB
-    # chunks, above the profile's DRAM peak; benchmarks/adam_after_d2h_probe.py), at the update
-    # team's thread count of each kind (12 on nvidia-h200, 24 on the x2)
+adam-llc)  # any H200 (~2 min): do the update and the cpu reduction's host sum read what the D2H
+    # has just written from the CPU's cache? (the 8B update channel on nvidia-h200 ran at 125 GB/s
+    # of state traffic with 64 MiB chunks, above the profile's DRAM peak; the x4's host sum of 4
+    # ranks at ~217 GB/s counted; benchmarks/adam_after_d2h_probe.py: Adam cold / after a D2H, the
+    # sum of 2 and 4 chunks cold / after D2Hs, Adam after the sum), at the update team's thread
+    # count of each kind (12 on nvidia-h200, 24 on the x2, 48 on the x4)
     python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-after-d2h.json" \
         --update-threads "${THREADS:-12}" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the

@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+MIB = 2**20
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -123,3 +126,22 @@ def test_recompute_model_check_on_the_stored_layer_timings():
     line = next(x for x in p.stdout.splitlines() if x.startswith("other policies"))
     old, new = (float(v) for v in line.split("mean abs error ")[1].split(" ms")[0].split(" -> "))
     assert new < 0.5 * old
+
+
+def test_adam_after_d2h_probe_times_every_condition_on_the_cpu(tmp_path):
+    """A smoke run (the CPU's copies stand in for the DMA): every condition of each chunk size,
+    twice, with the counted traffic of each kernel."""
+    out = tmp_path / "adam.json"
+    p = _run("benchmarks/adam_after_d2h_probe.py", str(out), "--device", "cpu", "--chunk-mib",
+             "1", "--chunks", "2", "--update-threads", "1", "--sum-ranks", "2", "3",
+             "--state-gib", "0.01", "--cold-ring-gib", "0.02")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    conds = [(r["condition"], r["ranks"]) for r in rows]
+    expected = [("cold", 1), ("after_d2h", 1)] + [
+        (c, r) for r in (2, 3) for c in ("sum_cold", "sum_after_d2h", "adam_after_sum")]
+    assert conds == expected * 2
+    for r in rows:
+        per_elem = 4 * (3 * (r["ranks"] - 1) + 1) if r["condition"].startswith("sum") else 28
+        assert r["chunks"] == 2 and r["mean_ms"] > 0
+        assert r["counted_gbps"] == pytest.approx(per_elem * (MIB // 4) / r["mean_ms"] / 1e6)

@@ -80,9 +80,15 @@ class HostRings:
         or, in_place, in the first chunk. Each of the R - 1 additions reads two chunks and writes
         one (12 B per element; graph/build.py counts them, and the norm's read of the sum): the first
         writes acc directly instead of copying the first chunk there first."""
-        (key, slot), (key2, slot2), *rest = srcs
-        first, second = self.grad[key][slot][:n], self.grad[key2][slot2][:n]
-        acc = first.add_(second) if in_place else torch.add(first, second, out=self.acc[worker][:n])
-        for key, slot in rest:
-            acc.add_(self.grad[key][slot][:n])
-        return acc
+        chunks = [self.grad[key][slot][:n] for key, slot in srcs]
+        return add_chunks(chunks, None if in_place else self.acc[worker][:n])
+
+
+def add_chunks(chunks: list[torch.Tensor], out: torch.Tensor | None) -> torch.Tensor:
+    """chunks[0] + chunks[1] + ... in their order, into `out` (the first addition writes it
+    directly) or, with out None, into chunks[0]; R - 1 additions for R chunks."""
+    first, second, *rest = chunks
+    acc = first.add_(second) if out is None else torch.add(first, second, out=out)
+    for c in rest:
+        acc.add_(c)
+    return acc
