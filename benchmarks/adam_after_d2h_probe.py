@@ -66,7 +66,10 @@ class Probe:
         self.p, self.m, self.v, self.n, self.device = p, m, v, n, device
         self.threads, self.chunks = threads, chunks
         self.ring = [torch.full((n,), 1e-3)
-                     for _ in range(max(2 * ranks * D2H_RING, cold_ring_bytes // (4 * n)))]
+                     for _ in range(ranks * D2H_RING + max(ranks * D2H_RING,
+                                                           cold_ring_bytes // (4 * n)))]
+        self.fresh = ranks * D2H_RING  # the D2H rings' slots: ring[:fresh]; cold: the rest
+        self.cold_next = 0  # cold slots continue where the previous cold run stopped
         self.acc = torch.empty(n)
         self.src = torch.full((n,), 1e-3, device="cuda" if device == "cuda" else "cpu")
         self.registered: list[torch.Tensor] = []
@@ -88,10 +91,14 @@ class Probe:
             torch.cuda.synchronize()
 
     def slots(self, i: int, ranks: int, fresh: bool) -> list[torch.Tensor]:
-        """The ranks' slots of chunk i: in the D2H rings (fresh) or rotating through the cold
-        ring."""
-        size = ranks * D2H_RING if fresh else len(self.ring) - len(self.ring) % ranks
-        return [self.ring[(i * ranks + r) % size] for r in range(ranks)]
+        """The ranks' slots of chunk i: in the D2H rings (fresh) or the next ones of the cold
+        part of the ring, never written by a D2H and last touched a whole cold ring ago."""
+        if fresh:
+            return [self.ring[(i * ranks + r) % (ranks * D2H_RING)] for r in range(ranks)]
+        cold = len(self.ring) - self.fresh
+        out = [self.ring[self.fresh + (self.cold_next + r) % cold] for r in range(ranks)]
+        self.cold_next += ranks
+        return out
 
     def adam(self, i: int, g: torch.Tensor) -> None:
         n, cfg = self.n, AdamWConfig()

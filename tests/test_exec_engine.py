@@ -225,26 +225,29 @@ def test_clipping_overlap_equals_sync_bit_for_bit():
 
 def test_overlap_mode_overlaps_update_with_backward():
     """Measured: some ADAM chunk of layer l runs while the compute stream works on a layer < l.
-    In the measured step layer 1's BWD waits until an update of a later layer has started, so the
-    overlap does not hang on the OS's thread scheduling (a loaded CPU may otherwise run the update
-    worker only when the compute thread blocks); an executor that serialised the update after
-    the backward would time out there."""
+    In the measured step the first update of layer 2 waits until layer 1's BWD has started, and
+    that BWD waits until the update has started, so the two overlap whatever the OS's thread
+    scheduling (a loaded CPU may otherwise run the update worker only when the compute thread
+    blocks, or let it finish layer 2 first); an executor that serialised the update after the
+    backward would time out there."""
     cfg = _COMMON | {"model_type": "llama", "hidden_size": 256, "intermediate_size": 1024,
                      "num_hidden_layers": 4, "vocab_size": 512}
     plan = Plan(window_slots=2, d2h_chunk_mib=_elems(65536), h2d_chunk_mib=_elems(65536))
     gen = torch.Generator().manual_seed(0)
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=128, global_batch=4, micro_batch=4, gpus=1)
     eng = Engine(cfg, wl, plan, optimizer=OPT, mode="overlap")
-    later_update_started = threading.Event()
+    update_started, bwd_started = threading.Event(), threading.Event()
 
     def adam(self, st, v):
-        if self.tpl.g.unit[v] >= 2:
-            later_update_started.set()
+        if self.tpl.g.unit[v] == 2 and not update_started.is_set():  # layer 2's first chunk
+            update_started.set()
+            assert bwd_started.wait(60), "layer 1's BWD never started beside layer 2's update"
         Engine._RUN[Kind.ADAM](self, st, v)
 
     def bwd(self, st, v):
         if self.tpl.g.unit[v] == 1:
-            assert later_update_started.wait(60), "no update of a later layer ran during BWD"
+            bwd_started.set()
+            assert update_started.wait(60), "no update of layer 2 ran during layer 1's BWD"
         Engine._RUN[Kind.BWD](self, st, v)
 
     try:

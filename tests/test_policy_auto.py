@@ -361,9 +361,8 @@ def test_calibration_rounds_simulate_nothing_twice(monkeypatch):
         seen.append(plan)
         return real(hw_, wl_, plan, **kw)
 
-    monkeypatch.setattr(sim_batch, "MAX_WORKERS", 1)
     monkeypatch.setattr(sim_batch, "simulate", counting)
-    _, rep = auto_plan(hw, wl, 40 * GIB, calibrate=lambda ref, name: 1.0)
+    _, rep = auto_plan(hw, wl, 40 * GIB, calibrate=lambda ref, name: 1.0, sim_workers=1)
     assert len(rep.measured_taus) >= 2  # measured costs (here two rounds, one policy each)
     assert seen and len(seen) == len(set(seen))
 
@@ -576,3 +575,35 @@ def test_a_dropped_mix_is_probed_only_on_a_measured_saving_and_within_the_limit(
     assert rep.notes == ["the policy mix the whole-plan simulation dropped was not probed: the "
                          "selection's time limit (the longest probe so far would end past it; "
                          "kept as the simulator chose it)"]
+
+
+@pytest.mark.parametrize("mix_s, taken", [(0.8, True), (0.9, False)])
+def test_auto_plan_probes_the_dropped_mix_of_the_measured_fastest_route(mix_s, taken):
+    """End to end: `sac` measured far cheaper than `layer` (calibrate), every other policy
+    costlier; with half the activations offloaded the whole plan of `sac` on every layer
+    simulates slower than all `layer` at window 3, so the simulation drops it there; the probes
+    measure window 3 / 256 MiB fastest, then its dropped mix, which is taken only if faster."""
+    hw = load_hardware("h200x1")
+    wl = Workload(load_model("qwen3-1.7b"), 8192, 2, 1, 1)
+    base = replace(default_plan(hw.fabric.kind), offload_ratio=0.5)
+    chosen_route = (3, 256.0)
+    probed = []
+
+    def probe(plan):
+        probed.append(plan)
+        if set(plan.layer_policies) - {"layer"}:
+            return mix_s
+        return 0.9 if (plan.window_slots, plan.h2d_chunk_mib) == chosen_route else 1.0
+
+    plan, rep = auto_plan(hw, wl, 40 * GIB, base=base, probe=probe, probe_device="fake",
+                          calibrate=lambda ref, name: -0.01 if name == "sac" else 0.01,
+                          sim_workers=1)
+    c = rep.chosen
+    assert (c.route.plan.window_slots, c.route.plan.h2d_chunk_mib) == chosen_route
+    assert c.activations.counts == {"layer": wl.model.n_layers}  # the simulation dropped it
+    assert c.activations.dropped.layer_policies == ("sac",) * wl.model.n_layers
+    assert probed[-1] == c.activations.dropped and c.plan_measured_s == mix_s
+    assert plan.layer_policies == (("sac",) if taken else ("layer",)) * wl.model.n_layers
+    assert any(("taken: the probe overturned" in x) == taken
+               and x.startswith("policy mix the whole-plan simulation dropped (sac x28)")
+               for x in rep.lines())

@@ -1,6 +1,8 @@
 """sim/batch.py: what worker processes simulate equals what this process simulates, is memoized,
 and the specs (read-only mappings included) travel to the workers."""
 
+from pathlib import Path
+
 import pytest
 
 from slidedp.policy.activations import tail_plan
@@ -11,7 +13,8 @@ from slidedp.spec.model import load_model
 from slidedp.spec.plan import Plan
 from slidedp.spec.workload import Workload
 
-PROFILE = "benchmarks/results/2026-12-01-h200-profile-0829.toml"  # has host.agent_gap_us
+PROFILE = str(Path(__file__).resolve().parents[1]
+              / "benchmarks/results/2026-12-01-h200-profile-0829.toml")  # has host.agent_gap_us
 
 
 def test_worker_processes_give_the_steps_of_this_process(monkeypatch):

@@ -192,8 +192,8 @@ def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
         dropped, dropped_s = None, None
         if final_s >= t0 and set(plan.layer_policies) != {"layer"}:
             notes.append(f"the MILP's mix simulated {final_s:.4g} s as a whole plan, no faster "
-                         f"than all `layer` ({t0:.4g} s): dropped for all `layer` (with real "
-                         "probes it is measured where a policy of it has a measured saving)")
+                         f"than all `layer` ({t0:.4g} s): dropped for all `layer` (a real probe "
+                         "measures it where a policy of it has a measured saving)")
             dropped, dropped_s = plan, final_s
             plan = replace(route, layer_policies=("layer",) * L)
             final_s, exposure = _exposure(sims, plan)

@@ -41,7 +41,7 @@ from slidedp.spec.workload import Workload
 from slidedp.validate.runner import OPTIMIZER, random_host_state
 
 LAYERS = 2
-WARMUP_STEPS = 1
+WARMUP_STEPS = 3  # as before pooling: allocation, pinning and first touches are over by step 4
 MIN_PAIRS = 20
 MAX_STEPS = 12
 KINDS = {k.upper(): k for k in AGENT_GAP_KINDS}  # a CPU task's Kind -> its task_gap_s key
