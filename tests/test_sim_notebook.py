@@ -3,9 +3,13 @@
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "sim_scaling_and_routes.ipynb"
+# the notebook kernels start one at a time (addopts: --dist loadgroup): each picks free ports
+# and then binds them, which two kernels starting at once on two workers could both pick
+pytestmark = pytest.mark.xdist_group("notebooks")
 
 
 def test_notebook_executes():

@@ -8,6 +8,9 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).parents[1] / "notebooks"
+# the notebook kernels start one at a time (addopts: --dist loadgroup): each picks free ports
+# and then binds them, which two kernels starting at once on two workers could both pick
+pytestmark = pytest.mark.xdist_group("notebooks")
 
 
 @pytest.mark.parametrize("name", ["validation_predicted_vs_measured.ipynb", "exposure_analysis.ipynb"])
