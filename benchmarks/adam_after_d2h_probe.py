@@ -44,18 +44,14 @@ import torch
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
 from slidedp.exec.staging import add_chunks
+from slidedp.graph.build import host_sum_bytes_per_elem
+from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM
 
 sys.path.insert(0, os.path.dirname(__file__))
 from chunk_cost_probe import team_chunks_ms  # noqa: E402
 
 MIB = 1 << 20
-STATE_BYTES_PER_PARAM = 28  # read p, m, v, g and write p, m, v, FP32
 D2H_RING = 4  # the executor's d2h_staging_chunks ring, per rank
-
-
-def sum_bytes_per_elem(ranks: int) -> int:
-    """What graph/build.py counts for a HOST_SUM of `ranks` chunks, per element."""
-    return 4 * (3 * (ranks - 1) + 1)
 
 
 class Probe:
@@ -158,8 +154,8 @@ def main() -> int:
             for cond, ranks in conditions * 2:  # interleaved, twice
                 ms = probe.run(cond, ranks)
                 mean = statistics.mean(ms)
-                counted = sum_bytes_per_elem(ranks) if cond.startswith("sum") \
-                    else STATE_BYTES_PER_PARAM
+                counted = host_sum_bytes_per_elem(ranks) if cond.startswith("sum") \
+                    else ADAM_DRAM_BYTES_PER_PARAM
                 row = {"chunk_mib": n * 4 / MIB, "condition": cond, "ranks": ranks,
                        "threads": a.update_threads, "mean_ms": mean,
                        "median_ms": statistics.median(ms), "max_ms": max(ms), "chunks": len(ms),

@@ -523,7 +523,7 @@ def _dropped_mix_report(measured_taus: set[str]) -> PolicyReport:
     dropped; its all-`layer` route measured 1.0 s."""
     route = Plan(layer_policies=("layer",) * 4)
     a = ActivationChoice(route, 1.0, {"layer": 0.25, "sac": 0.24}, {"layer": 1.0, "sac": 2.0},
-                         1e9, {"layer": 4}, 1.0, "host-bound", [],
+                         1e9, 1.0, "host-bound", [],
                          dropped=replace(route, layer_policies=("layer", "layer", "sac", "sac")),
                          dropped_s=1.01)
     return PolicyReport(cap_bytes=GIB, n_layers=4, base_window=3, probe_device="fake",

@@ -82,6 +82,13 @@ MIB = 2**20
 PARAM_BYTES = 2  # BF16 on the wire (q in method.md section 3)
 GRAD_BYTES = 2  # BF16 gradients on the GPU (what REDUCE moves)
 FP32_BYTES = 4  # the master, the moments and the gradient the CPU update reads
+
+
+def host_sum_bytes_per_elem(ranks: int) -> int:
+    """Host-memory bytes a HOST_SUM of `ranks` FP32 chunks moves per element: R - 1 additions,
+    each reading two chunks and writing one (staging.add_chunks), then the sum's squares for the
+    gradient norm (one more read: engine._run_host_sum)."""
+    return FP32_BYTES * (3 * (ranks - 1) + 1)
 _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 
@@ -453,10 +460,8 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
             # the staging chunks are read by HOST_SUM (cpu route) or directly by ADAM
             r0, src, i = downs[0]
             if len(downs) > 1:
-                # R - 1 additions, each reading two FP32 chunks and writing one (staging.host_sum),
-                # then the sum's squares for the gradient norm (one more read: engine._run_host_sum)
                 src = b.task(Kind.HOST_SUM, t, u, -1, k0 + k, update[w],
-                             (hi - lo) * FP32_BYTES * (3 * (len(downs) - 1) + 1) * scale,
+                             (hi - lo) * host_sum_bytes_per_elem(len(downs)) * scale,
                              lo, hi, threads=worker_threads, buffer=i, rows=rows)
                 for r, v, j in downs:
                     b.edge(v, src, EdgeKind.DATA)

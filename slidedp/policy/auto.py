@@ -185,7 +185,7 @@ def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
             notes.append("fell back to the conservative plan: every layer `layer`")
             plan = replace(route, layer_policies=("layer",) * L)
         staged.append((route, t0, taus, data, budget, plan, notes))
-    sims.prefetch([st[5] for st in staged])
+    sims.prefetch([plan for _, _, _, _, _, plan, _ in staged])
     out = []
     for route, t0, taus, data, budget, plan, notes in staged:
         final_s, exposure = _exposure(sims, plan)
@@ -197,9 +197,8 @@ def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
             dropped, dropped_s = plan, final_s
             plan = replace(route, layer_policies=("layer",) * L)
             final_s, exposure = _exposure(sims, plan)
-        out.append(ActivationChoice(
-            plan, t0, taus, {d.name: d.retained_bytes for d in data}, budget,
-            ActivationChoice.counts_of(plan), final_s, exposure, notes, dropped, dropped_s))
+        out.append(ActivationChoice(plan, t0, taus, {d.name: d.retained_bytes for d in data},
+                                    budget, final_s, exposure, notes, dropped, dropped_s))
     return out
 
 

@@ -28,7 +28,6 @@ class ActivationChoice:
     taus_s: dict[str, float]
     retained_bytes: dict[str, float]  # m_j per layer
     budget_bytes: float
-    counts: dict[str, int]
     final_s: float  # simulated, with the chosen policies
     exposure: str
     notes: list[str] = field(default_factory=list)
@@ -38,6 +37,11 @@ class ActivationChoice:
     @staticmethod
     def counts_of(plan: Plan) -> dict[str, int]:
         return {name: plan.layer_policies.count(name) for name in dict.fromkeys(plan.layer_policies)}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Layers per policy in `plan`."""
+        return self.counts_of(self.plan)
 
     @property
     def milp_saving_s(self) -> float:
