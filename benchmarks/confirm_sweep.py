@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from slidedp.spec.plan import load_plan, plan_dict  # noqa: E402
 
 
 def _rows(path: Path) -> list[dict]:
@@ -33,13 +35,24 @@ def _rows(path: Path) -> list[dict]:
 
 
 ROUTE_FIELDS = ("param_route", "grad_route", "update_sharding")  # one route on one GPU
+POLICY_FIELDS = ("activation_policy", "layer_policies")
+
+
+def _comparable(plan: dict, one_gpu: bool) -> dict:
+    """A row's plan as the executor runs it: without the route fields on one GPU, and with its
+    activation policies as one tuple (every layer on one policy reads the same whether the plan
+    names it once in activation_policy or once per layer in layer_policies)."""
+    drop = (ROUTE_FIELDS if one_gpu else ()) + POLICY_FIELDS
+    out = {k: v for k, v in plan.items() if k not in drop}
+    per_layer = plan.get("layer_policies") or [plan.get("activation_policy", "layer")]
+    out["policies"] = (per_layer[0],) if len(set(per_layer)) == 1 else tuple(per_layer)
+    return out
 
 
 def same_plan(a: dict, b: dict) -> bool:
     """Two rows run one plan (on one GPU the route fields make no difference)."""
-    drop = ROUTE_FIELDS if a.get("ranks", 1) == 1 else ()
-    return ({k: v for k, v in a["plan"].items() if k not in drop}
-            == {k: v for k, v in b["plan"].items() if k not in drop})
+    one_gpu = a.get("ranks", 1) == 1
+    return _comparable(a["plan"], one_gpu) == _comparable(b["plan"], one_gpu)
 
 
 def pick_cases(rows: list[dict], top: int, plan: str | None,
@@ -55,8 +68,9 @@ def pick_cases(rows: list[dict], top: int, plan: str | None,
     if not grid:
         raise SystemExit("no grid rows besides the chosen plan")
     case = chosen[0]["case"]
-    if plan is not None:
+    if plan is not None:  # a new choice: its own plan decides which grid rows are its twins
         case = re.sub(r"plan=[^:]+", lambda _: f"plan={plan}", case)
+        chosen = [chosen[0] | {"plan": plan_dict(load_plan(plan))}]
     twins = [r for r in grid[1:] if same_plan(r, chosen[0])]
     fits = [r for r in grid[1:] if r not in twins
             and (cap_gib is None or (r.get("gpu_peak_gib") or 0.0) <= cap_gib)]

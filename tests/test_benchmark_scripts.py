@@ -87,32 +87,36 @@ def test_project_hardware_changes_only_what_the_larger_kind_differs_in(tmp_path)
 
 
 def test_confirm_sweep_reruns_the_deciding_rows_interleaved(tmp_path):
-    """confirm_sweep.py picks the chosen plan (given a new path), the default (the grid's first
-    row) and the fastest other row of a sweep (not the grid's copy of the chosen plan, not a row
-    over the cap), runs them interleaved --runs times and prints the ratios from the means."""
+    """confirm_sweep.py picks the chosen plan (a new choice, given by its path), the default (the
+    grid's first row) and the fastest other row of a sweep (not the grid's copy of the new choice,
+    which names its one policy once where the new plan names it per layer; not a row over the cap),
+    runs them interleaved --runs times and prints the ratios from the means."""
+    from slidedp.spec.plan import Plan, plan_dict
     plan = tmp_path / "plan.toml"
-    plan.write_text('[plan]\nparam_route = "replicated"\nwindow_slots = 2\n')
-    grid = [("2:2:sharded:gpu:rank0:window_slots=3", 3.0, 1.0, 3),  # the default: first
-            ("2:2:sharded:gpu:rank0:window_slots=2", 0.9, 1.0, 2),  # the chosen plan itself
-            ("2:2:replicated:gpu:rank0:window_slots=4", 1.2, 9.0, 4),  # over a cap of 5 GiB
-            ("2:2:sharded:gpu:rank0:window_slots=5", 1.5, 1.0, 5),
-            ("2:2:replicated:gpu:rank0:window_slots=6", 2.0, 1.0, 6)]
+    plan.write_text('[plan]\nparam_route = "replicated"\nwindow_slots = 2\n'
+                    'layer_policies = ["sac", "sac"]\n')
+
+    def row(case, step_s, peak_gib, **fields):
+        return {"case": case, "step_s": step_s, "gpu_peak_gib": peak_gib,
+                "plan": plan_dict(Plan(**fields)), "model": "tiny-qwen3", "seq": 32, "ranks": 1}
+    grid = [row("2:2:sharded:gpu:rank0:window_slots=3", 3.0, 1.0, window_slots=3),  # the default
+            row("2:2:sharded:gpu:rank0:window_slots=2:activation_policy=\"sac\"", 0.9, 1.0,
+                window_slots=2, activation_policy="sac"),  # the new choice itself
+            row("2:2:sharded:gpu:rank0:window_slots=2", 1.1, 1.0, window_slots=2),  # the old one
+            row("2:2:replicated:gpu:rank0:window_slots=4", 1.2, 9.0, window_slots=4),  # over the cap
+            row("2:2:sharded:gpu:rank0:window_slots=5", 1.5, 1.0, window_slots=5)]
+    old_choice = row("2:2:plan=/gone/plan.toml", 1.0, 1.0, window_slots=2)
     sweep = tmp_path / "sweep.jsonl"
-    common = {"model": "tiny-qwen3", "seq": 32, "ranks": 1}
-    rows = [{"case": "2:2:plan=/gone/plan.toml", "step_s": 1.0, "gpu_peak_gib": 1.0,
-             "plan": {"param_route": "replicated", "window_slots": 2}} | common]
-    rows += [{"case": c, "step_s": t, "gpu_peak_gib": g, "plan": {
-        "param_route": c.split(":")[2], "window_slots": w}} | common for c, t, g, w in grid]
-    sweep.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sweep.write_text("".join(json.dumps(r) + "\n" for r in [old_choice, *grid]))
     out = tmp_path / "confirm.jsonl"
     p = _run("benchmarks/confirm_sweep.py", str(sweep), str(out), "--plan", str(plan),
-             "--top", "1", "--iters", "2", "--discard", "1", "--runs", "2", "--device", "cpu",
+             "--top", "2", "--iters", "2", "--discard", "1", "--runs", "2", "--device", "cpu",
              "--cap-gib", "5")
     assert p.returncode == 0, p.stderr
     cases = [json.loads(line)["case"] for line in out.read_text().splitlines()]
     chosen = f"2:2:plan={plan}"
-    assert cases == [chosen, grid[0][0], grid[3][0]] * 2
-    assert f"grid row {grid[1][0]} is the chosen plan itself" in p.stdout
+    assert cases == [chosen, grid[0]["case"], grid[2]["case"], grid[4]["case"]] * 2
+    assert f"grid row {grid[1]['case']} is the chosen plan itself" in p.stdout
     assert "chosen against the fastest other row:" in p.stdout and "(default)" in p.stdout
 
 
