@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 import slidedp.policy.auto as auto
 import slidedp.sim.batch as sim_batch
 from slidedp.model.memory import check_fits
-from slidedp.policy.activations import PolicyProfile, place, profile_policies, shortlist
+from slidedp.policy.activations import (
+    PolicyProfile,
+    lower_hull,
+    pareto_front,
+    place,
+    profile_policies,
+    shortlist,
+)
 from slidedp.policy.auto import auto_plan, capped
 from slidedp.policy.milp import PolicyData, brute_force, memory_bytes, solve, step_cost_s
 from slidedp.policy.report import ActivationChoice, Finalist, PolicyReport
@@ -326,7 +333,9 @@ def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
     assert taus["none"] == pytest.approx(taus["layer"] - 1.0)  # tau_0 + measured delta
     assert rep.measured_taus == {"none"}
     assert rep.chosen.activations.counts == {"none": wl.model.n_layers}  # measured: far cheaper
-    assert calls == ["none"]  # only what a finalist's MILP chose is measured
+    # what a finalist's MILP chose, and (probes: auto._unpriced) hull policies nothing priced
+    hull = {p.name for p in lower_hull(pareto_front(shortlist(profile_policies(hw, wl))))}
+    assert calls[0] == "none" and set(calls[1:]) <= hull - {"none"}
 
 
 def test_calibration_rounds_measure_what_the_milps_choose_then_solve_again():
@@ -607,3 +616,46 @@ def test_auto_plan_probes_the_dropped_mix_of_the_measured_fastest_route(mix_s, t
     assert any(("taken: the probe overturned" in x) == taken
                and x.startswith("policy mix the whole-plan simulation dropped (sac x28)")
                for x in rep.lines())
+
+
+def _unpriced_finalist(taus_ms: dict[str, float]) -> tuple[Finalist, list[PolicyProfile]]:
+    """4 layers, a budget of 16 bytes; policies (retained bytes per layer, recompute fraction):
+    layer (1, 1.0), p1 (2, 0.6), p2 (3, 0.5: above the chord p1-p3, off the hull), p3 (4, 0.1),
+    p4 (8, 0.0: on the hull, but 4 layers of it need 32 bytes)."""
+    shape = {"layer": (1, 1.0), "p1": (2, 0.6), "p2": (3, 0.5), "p3": (4, 0.1), "p4": (8, 0.0)}
+    profiles = [PolicyProfile(n, b, 0.0, rc) for n, (b, rc) in shape.items()]
+    route = Plan(layer_policies=("layer",) * 4)
+    a = ActivationChoice(route, 1.0, {n: 0.25 + taus_ms.get(n, 0.0) / 1e3 for n in shape},
+                         {n: float(b) for n, (b, _) in shape.items()}, 16.0, 1.0, "host-bound", [])
+    return Finalist(Scored(route, 1.0, 1.0, 1.0), a), profiles
+
+
+def test_unpriced_policies_are_measured_only_where_the_simulator_prices_none():
+    """Every simulated tau_j within UNPRICED_S of `layer`'s (a step the simulator calls
+    host-bound): the hull's policies whose every-layer plan fits, least recompute first, at most
+    UNPRICED_CALIBRATIONS; one policy priced below `layer`: none (the MILP's pick then means
+    something)."""
+    best, profiles = _unpriced_finalist({"p1": -0.05})
+    assert auto._unpriced(best, profiles) == ["p3", "p1"][:auto.UNPRICED_CALIBRATIONS]
+    best, profiles = _unpriced_finalist({"p2": -0.5})
+    assert auto._unpriced(best, profiles) == []
+
+
+def test_calibration_measures_unpriced_policies_only_with_probes(monkeypatch):
+    """auto_plan end to end on the tiny model, whose steps the simulator prices alike for every
+    policy: with probes, round 1 measures the best finalist's unpriced hull policies; without
+    probes (a measured saving the whole-plan simulation drops could not be taken then) they are
+    not looked for."""
+    hw, wl = _tiny()
+    calls: list[str] = []
+    _, rep = auto_plan(hw, wl, 40 * GIB, sim_workers=1, probe=lambda plan: 1.0,
+                       probe_device="fake", calibrate=lambda ref, name: calls.append(name) or 0.0)
+    best = min(rep.finalists, key=lambda f: f.simulated_score_s)
+    extra = auto._unpriced(best, shortlist(profile_policies(hw, wl)))
+    assert extra and set(extra) <= set(calls)
+
+    def refused(*args):
+        raise AssertionError("looked for unpriced policies without probes")
+
+    monkeypatch.setattr(auto, "_unpriced", refused)
+    auto_plan(hw, wl, 40 * GIB, sim_workers=1, calibrate=lambda ref, name: 0.0)

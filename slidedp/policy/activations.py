@@ -73,20 +73,26 @@ def shortlist(profiles: list[PolicyProfile], limit: int = 6) -> list[PolicyProfi
     model's recompute terms: the MILP then prices each policy by its marginal step time).
     Thinning by order alone dropped `sac`, a hull point, from Qwen3-8B mb 4 on nvidia-h200
     (2026-12-01). Where the hull has more points than fit, it is thinned by order, ends kept."""
+    front = pareto_front(profiles)
+    reference = next(p for p in profiles if p.name == "layer")  # tau's reference, always costed
+    others = [p for p in front if p is not reference]
+    keep = _spread([p for p in lower_hull(front) if p is not reference], limit - 1)
+    keep += _spread([p for p in others if p not in keep], limit - 1 - len(keep))
+    return [reference, *(p for p in others if p in keep)]
+
+
+def pareto_front(profiles: list[PolicyProfile]) -> list[PolicyProfile]:
+    """The policies no other beats in both retained bytes and recompute, by retained bytes."""
     ordered = sorted(profiles, key=lambda p: (p.retained_bytes_per_token, p.recompute_fraction))
     front, best = [], float("inf")
     for p in ordered:  # increasing memory: keep those that recompute strictly less
         if p.recompute_fraction < best - 1e-12:
             front.append(p)
             best = p.recompute_fraction
-    reference = next(p for p in profiles if p.name == "layer")  # tau's reference, always costed
-    others = [p for p in front if p is not reference]
-    keep = _spread([p for p in _lower_hull(front) if p is not reference], limit - 1)
-    keep += _spread([p for p in others if p not in keep], limit - 1 - len(keep))
-    return [reference, *(p for p in others if p in keep)]
+    return front
 
 
-def _lower_hull(front: list[PolicyProfile]) -> list[PolicyProfile]:
+def lower_hull(front: list[PolicyProfile]) -> list[PolicyProfile]:
     """The lower convex hull of a front ordered by retained bytes (monotone chain)."""
     hull: list[PolicyProfile] = []
     for p in front:

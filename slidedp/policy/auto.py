@@ -14,7 +14,10 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        profile), the policies the finalists' MILPs chose (kept or dropped in step 7) get
        measured tau_j and the MILPs are solved again, for at most CALIBRATION_ROUNDS rounds (a
        round measures only policies newly chosen): real runs go to the policies that can
-       matter, not the whole shortlist. The simulations of these stages (tens of plans, ~0.2 s
+       matter, not the whole shortlist. With probes, where the simulator prices no policy on
+       the best simulated finalist (host-bound), the first round also measures up to
+       UNPRICED_CALIBRATIONS hull policies that could save the most GPU time (_unpriced): the
+       MILP's pick among equal costs says nothing then. The simulations of these stages (tens of plans, ~0.2 s
        each at 8B) run several at once in worker processes (sim/batch.py StepTimes).
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
@@ -51,8 +54,10 @@ from slidedp.model.memory import check_fits, gpu_footprint
 from slidedp.policy.activations import (
     Calibrate,
     PolicyProfile,
+    lower_hull,
     marginal_costs,
     marginal_plans,
+    pareto_front,
     place,
     profile_policies,
     shortlist,
@@ -79,6 +84,8 @@ __all__ = ["GIB", "PolicyReport", "auto_plan", "capped"]
 
 MAX_RESOLVES = 3
 CALIBRATION_ROUNDS = 2  # measure the policies the MILPs chose, solve again (method.md 7, step 6)
+UNPRICED_S = 1e-4  # seconds per layer: a simulated saving below this is none (_unpriced)
+UNPRICED_CALIBRATIONS = 2  # policies measured where the simulator prices none (_unpriced)
 BUDGET_TIGHTEN = 0.02  # fraction of the activation budget removed per re-solve
 OFFLOAD_STEPS = (0.25, 0.5, 0.75, 1.0)
 ACTIVATION_TERMS = ("checkpoints", "reload", "transient")  # the MILP's share of gpu_footprint
@@ -202,6 +209,25 @@ def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
     return out
 
 
+def _unpriced(best: Finalist, profiles: list[PolicyProfile]) -> list[str]:
+    """Where the simulator credits no policy a saving on the best simulated finalist (a step it
+    calls host-bound: every simulated tau_j within UNPRICED_S of `layer`'s), the MILP is
+    indifferent and its pick says nothing; the policies worth measuring then are those that
+    would save the most GPU time should that verdict be wrong within the simulator's error: the
+    lower convex hull's (activations.lower_hull) whose every-layer plan fits the activation
+    budget, least recompute first, at most UNPRICED_CALIBRATIONS. On Qwen3-8B mb 4 on
+    nvidia-h200 (2026-12-01) the MILP's indifferent pick, seg:0b1101110, measured 4% slower as a
+    whole plan, `sac`, never measured by the selection, 2% faster. Else none."""
+    a = best.activations
+    tau0, n_layers = a.taus_s["layer"], len(a.plan.layer_policies)
+    if any(a.taus_s[p.name] < tau0 - UNPRICED_S for p in profiles):
+        return []
+    fits = [p for p in lower_hull(pareto_front(profiles)) if p.name != "layer"
+            and a.retained_bytes[p.name] * n_layers <= a.budget_bytes]
+    return [p.name for p in sorted(fits, key=lambda p: p.recompute_fraction)][
+        :UNPRICED_CALIBRATIONS]
+
+
 def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
                 notes: list[str]) -> dict[str, float]:
     """Measured marginal seconds per layer over `layer` for `names`, where the probe gives one."""
@@ -305,11 +331,14 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
     finalists = solved()
     lap("activation MILPs")
     tried: set[str] = set()
-    for _ in range(CALIBRATION_ROUNDS if calibrate is not None else 0):
+    for round_ in range(CALIBRATION_ROUNDS if calibrate is not None else 0):
         # with probes, a dropped mix's policies too: a probe may take it (_probe_mix)
-        picked = sorted({n for f in finalists for n in (
+        picked = {n for f in finalists for n in (
             f.probed_mix.layer_policies if probe is not None else f.activations.counts)}
-            - {"layer"} - tried)
+        if probe is not None and round_ == 0:
+            picked |= set(_unpriced(best_first(
+                finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)[0], profiles))
+        picked = sorted(picked - {"layer"} - tried)
         if not picked:
             break
         tried.update(picked)
