@@ -13,8 +13,12 @@ from slidedp.exec.layout import model_layout
 TINY = json.loads((Path(__file__).parents[1] / "slidedp/presets/models/tiny-qwen3.json").read_text())
 
 
+def _named() -> str:
+    return f"slidedp-test-{uuid.uuid4().hex[:8]}"
+
+
 def test_attach_shares_memory_and_close_unlinks():
-    hs = HostState.create([3, 5, 2], copy_dtype=torch.bfloat16)
+    hs = HostState.create([3, 5, 2], copy_dtype=torch.bfloat16, name=_named())
     other = HostState.attach(hs.name)
     hs.write_unit(1, torch.arange(5.0))
     hs.unit_m(2).fill_(7.0)
@@ -57,7 +61,7 @@ def test_init_random_matches_transformers_init():
 def test_units_sharing_memory_see_one_another_and_the_files_hold_distinct_units_only():
     """A timing probe's state: units 2 and 3 live in unit 1's memory; attach keeps the sharing;
     such a state refuses to be saved (it holds no model)."""
-    hs = HostState.create([3, 4, 4, 4, 2], storage_of=[0, 1, 1, 1, 4])
+    hs = HostState.create([3, 4, 4, 4, 2], storage_of=[0, 1, 1, 1, 4], name=_named())
     other = HostState.attach(hs.name)
     hs.unit_master(3).copy_(torch.arange(4.0))
     assert hs.unit_master(1).tolist() == [0, 1, 2, 3] and other.unit_master(2).tolist() == [0, 1, 2, 3]
@@ -79,7 +83,7 @@ def test_units_sharing_memory_see_one_another_and_the_files_hold_distinct_units_
 
 def test_a_subset_is_a_cut_state_in_the_same_memory():
     """subset(): the chosen units' memory, step counts of its own; close() leaves the files."""
-    hs = HostState.create([3, 4, 4, 4, 2], storage_of=[0, 1, 2, 1, 4])
+    hs = HostState.create([3, 4, 4, 4, 2], storage_of=[0, 1, 2, 1, 4], name=_named())
     sub = hs.subset([0, 1, 4])
     assert sub.unit_numels == [3, 4, 2] and not sub.shares_storage
     sub.unit_v(2).fill_(3.0)
@@ -103,7 +107,32 @@ def test_a_subset_is_a_cut_state_in_the_same_memory():
     ([3, 2, 2], [0], "1 entries for 3 units"),
 ])
 def test_bad_sharing_is_refused_before_anything_is_written(numels, storage_of, why):
-    name = f"slidedp-test-{uuid.uuid4().hex[:8]}"
+    name = _named()
     with pytest.raises(ValueError, match=why):
         HostState.create(numels, storage_of=storage_of, name=name)
     assert not list(SHM_DIR.glob(f"{name}*"))
+
+
+def test_a_state_of_one_process_leaves_no_files_however_the_process_ends(tmp_path):
+    """An unnamed state is unlinked as soon as it is mapped: its memory works, nothing of it is
+    in /dev/shm even while it lives, and a process killed (SIGKILL: no close, no finalizer)
+    holding one leaves nothing behind."""
+    import subprocess
+    import sys
+
+    hs = HostState.create([3, 5], copy_dtype=torch.bfloat16)
+    hs.write_unit(1, torch.arange(5.0))
+    assert hs.unit_master(1).tolist() == [0, 1, 2, 3, 4] and hs.unit_copy(1)[4] == 4
+    assert not list(SHM_DIR.glob(f"{hs.name}*"))
+    hs.close()
+    script = ("import os, signal, sys, torch\n"
+              "from slidedp.exec.host_state import HostState\n"
+              "hs = HostState.create([1 << 20, 1 << 20])\n"
+              "hs.unit_m(0).fill_(1.0)\n"
+              "print(hs.name, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       cwd=Path(__file__).parents[1], timeout=120)
+    assert p.returncode == -9, p.stderr
+    name = p.stdout.strip()
+    assert name.startswith("slidedp-") and not list(SHM_DIR.glob(f"{name}*"))

@@ -266,6 +266,20 @@ def test_import_refuses_case_strings_of_no_case(tmp_path, field, given):
         import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")
 
 
+def test_a_long_case_gets_a_trace_file_name_the_file_system_takes(tmp_path):
+    """A case with one policy per decoder layer (36 of them: 700 characters) gets a name of its
+    first characters and a digest of the whole, which a file can have (on nvidia-h200,
+    2026-12-01, multi_gpu.py --traces failed on such a case); distinct cases stay distinct."""
+    cases = [f"4:4:sharded:gpu:rank0:layer_policies=[{','.join([repr(p)] * 36)}]"
+             for p in ("sac", "none")]
+    names = [trace_file_name(c) for c in cases]
+    assert names[0] != names[1] and names[0] == trace_file_name(cases[0])
+    for n in names:
+        assert n.endswith(".json.gz") and len(n.encode()) <= 255
+        (tmp_path / n).write_bytes(b"")
+    assert trace_file_name("2:1:sharded:gpu:rank0") == "2_1_sharded_gpu_rank0.json.gz"
+
+
 def test_multi_gpu_traces_are_imported_beside_their_cases(tmp_path):
     """benchmarks/multi_gpu.py --traces (the real script, on the CPU) writes each case's last
     step (gzip); the importer stores it as the case's measured trace, with the simulated one and

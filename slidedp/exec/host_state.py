@@ -20,7 +20,12 @@ sharing.
 
 The creator owns the files and unlinks them on close() (or earlier with unlink(): once every
 process has mapped them, the memory lives as long as a mapping does and nothing can be left behind
-in /dev/shm); an attached process only unmaps.
+in /dev/shm); an attached process only unmaps. A state created without a name is the process's
+own (no other process can know its name to attach): its files are unlinked as soon as they are
+mapped, so that nothing stays in /dev/shm however the process ends (on nvidia-h200, 2026-12-01, a
+benchmark stopped by an exception and one killed for memory each left a 98 GB Qwen3-8B state
+there, and the next run was killed for want of memory). A named state (DistSession's) stays
+until its creator unlinks it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch
 from slidedp.exec.layout import model_layout
 
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+FILES = ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json")  # a state's, by suffix
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -90,7 +96,10 @@ class HostState:
         storage_of: list[int] | None = None,
     ) -> HostState:
         """New zero-filled state (the files are created sparse: pages appear when written);
-        `storage_of`: units that share memory (module docstring), None for none."""
+        `name`: for other processes to attach, None for a state of this process alone (unlinked
+        once mapped: module docstring); `storage_of`: units that share memory (module
+        docstring), None for none."""
+        private = name is None
         name = name or f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         storage_of = checked_storage_of(list(unit_numels), storage_of)
         meta = {
@@ -99,7 +108,14 @@ class HostState:
             "storage_of": storage_of,
         }
         (SHM_DIR / f"{name}.json").write_text(json.dumps(meta))
-        return cls(name, unit_numels, copy_dtype, owner=True, storage_of=storage_of)
+        try:
+            hs = cls(name, unit_numels, copy_dtype, owner=True, storage_of=storage_of)
+        except BaseException:
+            cls.unlink_files(name)
+            raise
+        if private:
+            cls.unlink_files(name)
+        return hs
 
     @classmethod
     def attach(cls, name: str) -> HostState:
@@ -239,8 +255,12 @@ class HostState:
 
     def unlink(self) -> None:
         """Remove the files (the mappings stay valid; no process can attach afterwards)."""
-        for what in ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json"):
-            self._path(what).unlink(missing_ok=True)
+        self.unlink_files(self.name)
+
+    @staticmethod
+    def unlink_files(name: str) -> None:
+        for what in FILES:
+            (SHM_DIR / f"{name}.{what}").unlink(missing_ok=True)
 
 
 def checked_storage_of(unit_numels: list[int], storage_of: list[int] | None) -> list[int]:

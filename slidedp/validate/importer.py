@@ -43,6 +43,7 @@ leave the simulated trace out.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -62,10 +63,18 @@ FORMATS = ("multi_gpu", "single_gpu")
 NO_TRACE = "no Timeline trace was saved by this benchmark run (figures only)"
 
 
+TRACE_NAME_CHARS = 160  # file names stop at 255 bytes on Linux
+
+
 def trace_file_name(case: str) -> str:
     """The file benchmarks/multi_gpu.py --traces writes a case's measured trace to (gzip; the
-    importer also takes the plain .json of that name)."""
-    return "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in case) + ".json.gz"
+    importer also takes the plain .json of that name). A case string too long for a file name
+    (a plan with one policy per decoder layer) keeps its first TRACE_NAME_CHARS characters and a
+    digest of the whole."""
+    name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in case)
+    if len(name) > TRACE_NAME_CHARS:
+        name = f"{name[:TRACE_NAME_CHARS]}-{hashlib.sha256(case.encode()).hexdigest()[:16]}"
+    return name + ".json.gz"
 
 
 def case_name(prefix: str, c: Case) -> str:
