@@ -30,6 +30,8 @@
 #                                                      #   build seconds, step time of 4B mb 1 and 4
 #   bash benchmarks/next_gpu_session.sh adam-llc OUT  # any H200: Adam and the host sum on just-
 #                                                      #   downloaded chunks against cold ones
+#   bash benchmarks/next_gpu_session.sh mem-kind OUT  # any H200: the host kernels on /dev/shm
+#                                                      #   against anonymous memory
 #   bash benchmarks/next_gpu_session.sh chunk-cost OUT # the executor's per-chunk cast cost: a profile,
 #                                                      #   the cast under each load, GIL switch interval
 #   bash benchmarks/next_gpu_session.sh rows OUT      # nvidia-h200-x2: 8B, embedding_rows on / off
@@ -215,6 +217,11 @@ adam-llc)  # any H200 (~2 min): do the update and the cpu reduction's host sum r
     # count of each kind (12 on nvidia-h200, 24 on the x2, 48 on the x4)
     python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-after-d2h.json" \
         --update-threads "${THREADS:-12}" ;;
+mem-kind)  # any H200 (~1 min): AdamW, cast and copy on /dev/shm mappings (the host state's and,
+    # since 2026-12-01 13:40, the profile's memory) against anonymous memory (earlier profiles'),
+    # alternating; with the huge-page modes (the 13:09 lease's profile measured AdamW 44% faster
+    # than the 08:29 lease's while the executor ran the 8B update alike on both)
+    python3 benchmarks/memory_kind_probe.py "$OUT/memory-kind.json" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
     # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \
@@ -227,6 +234,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|rows|x4 OUT" >&2
     exit 2 ;;
 esac

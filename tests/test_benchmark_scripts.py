@@ -149,3 +149,20 @@ def test_adam_after_d2h_probe_times_every_condition_on_the_cpu(tmp_path):
         per_elem = 4 * (3 * (r["ranks"] - 1) + 1) if r["condition"].startswith("sum") else 28
         assert r["chunks"] == 2 and r["mean_ms"] > 0
         assert r["counted_gbps"] == pytest.approx(per_elem * (MIB // 4) / r["mean_ms"] / 1e6)
+
+
+def test_memory_kind_probe_alternates_the_kinds_on_the_profiles_kernels(tmp_path):
+    """A smoke run: each round times both memory kinds (shm first, then anon) at every thread
+    count with the profile's kernels, and records the huge-page modes and counters."""
+    out = tmp_path / "kind.json"
+    p = _run("benchmarks/memory_kind_probe.py", str(out), "--mib", "8", "--threads", "1", "2",
+             "--rounds", "2", "--sample-s", "0")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["huge_pages"].startswith("THP enabled=")
+    assert [(r["round"], r["memory"], r["threads"]) for r in doc["rows"]] == [
+        (k, m, n) for k in (0, 1) for m in ("shm", "anon") for n in (1, 2)]
+    for r in doc["rows"]:
+        assert r["adam_gparam_per_s"] > 0 and r["cast_gelem_per_s"] > 0 and r["copy_gbps"] > 0
+        assert r["adam_state_gbps"] == pytest.approx(28 * r["adam_gparam_per_s"])
+        assert "AnonHugePages" in r and "ShmemPmdMapped" in r

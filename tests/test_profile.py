@@ -10,20 +10,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import os
 import subprocess
 import sys
 import threading
 import time
 import tomllib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from slidedp.commands import profile as profile_cmd
+from slidedp.exec.host_state import SHM_DIR
 from slidedp.graph.timeline import Record
 from slidedp.profile import agents
 from slidedp.profile import host as host_mod
+from slidedp.profile import machine as machine_mod
 from slidedp.profile import sizes as sizes_mod
 from slidedp.profile.assemble import Assembler, unmeasured
 from slidedp.profile.compute import LayerTiming, build_layer, forward, one_layer_config, rope
@@ -124,6 +128,46 @@ def test_the_two_teams_at_once_are_measured_at_the_default_team_size(profiled):
     if team > 1:  # smaller teams: the kernels' traffic at their size
         assert host.team_dram_bps(1) == pytest.approx(min(host.dram_bps, max(
             host.adam_rate(1) * 28, host.cast_rate(1) * 6)))
+
+
+def _mapping_of(t: torch.Tensor) -> str:
+    """The /proc/self/maps line holding t's first byte."""
+    addr = t.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return line
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_the_host_benches_time_the_state_on_the_host_states_kind_of_memory():
+    """The FP32 master (cast source, Adam's parameter) and Adam's m and v are /dev/shm mappings as
+    in the executor's HostState (already unlinked: nothing left behind); the gradient and the
+    BF16 destination are the process's own memory, as the executor's staging is."""
+    bench = host_mod.HostBench(8 * 2**20, 0, 1)
+    chunks = host_mod.CastChunkBench([2**20], 8 * 2**20, 2, False, 0, 1)
+    for t in (bench.src, bench.m, bench.v, chunks.src):
+        line = _mapping_of(t)
+        assert str(SHM_DIR) in line and ".bench (deleted)" in line, line
+    for t in (bench.dst, bench.bf16, chunks.ring):
+        assert ".bench" not in _mapping_of(t)
+    assert not list(SHM_DIR.glob(f"slidedp-{os.getpid()}-*.bench"))
+
+
+def test_huge_page_modes_are_read_from_sysfs(tmp_path, monkeypatch):
+    """The profile's source line names the transparent-huge-page mode of anonymous memory and of
+    /dev/shm (the bracketed choice of each sysfs file); unknown where sysfs has none."""
+    (tmp_path / "enabled").write_text("always [madvise] never\n")
+    (tmp_path / "shmem_enabled").write_text("always within_size advise [never] deny force\n")
+    monkeypatch.setattr(machine_mod, "_THP_SYSFS", tmp_path)
+    assert machine_mod.huge_pages() == "THP enabled=madvise shmem_enabled=never"
+    monkeypatch.setattr(machine_mod, "_THP_SYSFS", tmp_path / "missing")
+    assert machine_mod.huge_pages() == "THP enabled=unknown shmem_enabled=unknown"
+
+
+def test_the_profile_source_line_names_the_huge_page_modes(profiled):
+    host = tomllib.loads(profiled.read_text())["host"]
+    assert "THP enabled=" in host["source"] and "shmem_enabled=" in host["source"]
 
 
 def test_teams_run_counts_the_dma_loads_beside_them():

@@ -51,6 +51,18 @@ def map_shared(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_file(str(path), shared=True, size=max(numel, 1), dtype=dtype)[:numel]
 
 
+def private_shared(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Memory of the host state's kind (a /dev/shm mapping, whose pages the kernel may back
+    otherwise than a process's anonymous memory, e.g. without transparent huge pages) for this
+    process alone: mapped, then unlinked at once. For benchmarks that must time the kernels on
+    the memory the executor runs them on (profile/host.py)."""
+    path = SHM_DIR / f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}.bench"
+    try:
+        return map_shared(path, numel, dtype)
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def cuda_host_register(t: torch.Tensor) -> None:
     """Page-lock exactly t's bytes for DMA (raises if the CUDA runtime refuses)."""
     err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)

@@ -302,7 +302,8 @@ class Assembler:
                                             for n in res.threads],
             "adam_dram_bytes_per_param": ADAM_DRAM_BYTES_PER_PARAM,
             "cast_dram_bytes_per_elem": CAST_DRAM_BYTES_PER_ELEM,
-            "source": m.source(f"measured on {mib} MiB buffers (LLC {m.llc_bytes // MIB} MiB)"),
+            "source": m.source(f"measured on {mib} MiB buffers (LLC {m.llc_bytes // MIB} MiB; "
+                               f"{m.huge_pages})"),
             "sources": {
                 "cores": m.source(f"measured: physical cores in this process's CPU affinity mask "
                                   f"({m.cpus} logical CPUs)"),

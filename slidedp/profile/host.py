@@ -28,6 +28,13 @@ The cast is also measured by chunk size (CastChunkBench), as the executor runs t
          with cudaHostRegister when CUDA is present (the executor's staging ring): elements /
          time per chunk, median of at least `repeats` chunks (more for small chunks, so every
          chunk size casts about as many elements as the largest) after `warmup`.
+The FP32 arrays the executor keeps in its host state (the master, which the cast reads and Adam
+updates, and Adam's m and v) are mapped from /dev/shm as the host state's are
+(host_state.private_shared); the gradient (the executor's D2H staging) and the cast's BF16
+destination (its upload staging) are the process's own memory, as in the executor. The kernel
+may back the two kinds of memory with different page sizes (transparent huge pages: anonymous
+memory under `enabled`, /dev/shm under `shmem_enabled`, each recorded in the profile's source
+line), and a streaming kernel's rate in a VM depends on it.
 Threads are not pinned: the OpenMP runtime places them (OMP_PROC_BIND / OMP_PLACES, if set in
 the environment, apply), within the process's CPU affinity mask, as it does for the executor's
 update workers. Buffers are first touched by the filling kernel's threads, so their pages spread
@@ -44,7 +51,7 @@ import torch
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.engine import own_omp_team
-from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
+from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister, private_shared
 from slidedp.profile.timing import run_together, wall_median_s
 from slidedp.spec.model import FP32
 
@@ -66,17 +73,22 @@ class HostBench:
     """FP32 buffers of `nbytes` each (src, dst, Adam's m and v) and a BF16 one, allocated once;
     each timed sample of a rate repeats its kernel for at least `sample_s`."""
 
-    def __init__(self, nbytes: int, warmup: int, repeats: int, sample_s: float = 0.0):
+    def __init__(self, nbytes: int, warmup: int, repeats: int, sample_s: float = 0.0,
+                 state_memory: Callable[[int, torch.dtype], torch.Tensor] = private_shared):
+        """`state_memory(numel, dtype)`: where the master, m and v live (module docstring;
+        benchmarks/memory_kind_probe.py compares it with the process's own memory)."""
         self.elems = nbytes // FP32
+        self.state_memory = state_memory
         self.nbytes = self.elems * FP32
         self.warmup, self.repeats, self.sample_s = warmup, repeats, sample_s
         # filled by torch's parallel kernels (a random fill is single-threaded and slow); the
         # rates do not depend on the values, which stay finite and normal throughout
-        self.src = torch.full((self.elems,), 0.5)
+        self.src = state_memory(self.elems, torch.float32).fill_(0.5)  # the master
         self.dst = torch.full((self.elems,), 1e-3)  # also Adam's FP32 gradient
         self.bf16 = torch.zeros(self.elems, dtype=torch.bfloat16)
         self.grad_bf16 = torch.full((self.elems,), 1e-3, dtype=torch.bfloat16)
-        self.m, self.v = torch.zeros(self.elems), torch.zeros(self.elems)
+        self.m = state_memory(self.elems, torch.float32).zero_()
+        self.v = state_memory(self.elems, torch.float32).zero_()
         self.opt = AdamWConfig()
         self.adam_steps = 0
 
@@ -108,7 +120,8 @@ class HostBench:
         the cast team moved), each over the time from the first start to the last end. A load
         that raises stops the others at the start barrier (or lets them finish) and the run
         raises RuntimeError from its error."""
-        cast_src = torch.full((self.elems,), 0.25)  # the cast's own source: Adam writes `src`
+        # the cast's own master: Adam writes `src`
+        cast_src = self.state_memory(self.elems, torch.float32).fill_(0.25)
         loads = [(cast_threads, lambda: self.bf16.copy_(cast_src),
                   self.elems * CAST_DRAM_BYTES_PER_ELEM),
                  (update_threads, self._adam_step, self.elems * ADAM_DRAM_BYTES_PER_PARAM),
@@ -153,7 +166,7 @@ class CastChunkBench:
         big = self.chunk_elems[-1]
         self.src_elems = max(src_bytes // FP32, 2 * big)
         self.slots, self.warmup, self.repeats = slots, warmup, repeats
-        self.src = torch.full((self.src_elems,), 0.5)
+        self.src = private_shared(self.src_elems, torch.float32).fill_(0.5)  # the master
         self.ring = torch.zeros(slots * big, dtype=torch.bfloat16)  # faults the pages in
         self.pinned = False
         if pin:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 _CPU_SYSFS = Path("/sys/devices/system/cpu")
+_THP_SYSFS = Path("/sys/kernel/mm/transparent_hugepage")
 _LLC_FALLBACK_BYTES = 256 * 2**20  # when sysfs says nothing: larger than any LLC of one socket
 
 
@@ -33,6 +34,7 @@ class Machine:
     gpu_model: str  # "" without CUDA
     gpu_count: int
     hbm_bytes: float  # per GPU; 0 without CUDA
+    huge_pages: str = "THP unknown"  # huge_pages(): anonymous memory's and /dev/shm's modes
 
     def gpus(self) -> str:
         return f"{self.gpu_count}x {self.gpu_model}" if self.gpu_count else "no CUDA GPU"
@@ -81,6 +83,20 @@ def llc_bytes() -> int:
     return max(sizes, default=_LLC_FALLBACK_BYTES)
 
 
+def huge_pages() -> str:
+    """The kernel's transparent-huge-page modes for anonymous memory and for /dev/shm (the
+    bracketed choice of each sysfs file), e.g. "THP enabled=madvise shmem_enabled=never"."""
+    modes = []
+    for what in ("enabled", "shmem_enabled"):
+        try:
+            text = (_THP_SYSFS / what).read_text()
+            mode = text[text.index("[") + 1:text.index("]")]
+        except (OSError, ValueError):
+            mode = "unknown"
+        modes.append(f"{what}={mode}")
+    return "THP " + " ".join(modes)
+
+
 def probe_machine() -> Machine:
     cpus = os.sched_getaffinity(0)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -91,4 +107,4 @@ def probe_machine() -> Machine:
         gpu_model, hbm = props.name, float(props.total_memory)
     return Machine(socket.gethostname(), datetime.date.today().isoformat(), _cpu_model(),
                    _physical_cores(cpus), len(cpus), float(ram), llc_bytes(), gpu_model,
-                   gpu_count, hbm)
+                   gpu_count, hbm, huge_pages())
