@@ -27,7 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from slidedp.spec.plan import load_plan, plan_dict  # noqa: E402
+from slidedp.spec.plan import plan_dict  # noqa: E402
+from slidedp.validate.cases import parse_case_spec  # noqa: E402
 
 
 def _rows(path: Path) -> list[dict]:
@@ -68,9 +69,9 @@ def pick_cases(rows: list[dict], top: int, plan: str | None,
     if not grid:
         raise SystemExit("no grid rows besides the chosen plan")
     case = chosen[0]["case"]
-    if plan is not None:  # a new choice: its own plan decides which grid rows are its twins
+    if plan is not None:  # a new choice: the plan the case now runs decides its twins
         case = re.sub(r"plan=[^:]+", lambda _: f"plan={plan}", case)
-        chosen = [chosen[0] | {"plan": plan_dict(load_plan(plan))}]
+        chosen = [chosen[0] | {"plan": plan_dict(parse_case_spec(case)[2])}]
     twins = [r for r in grid[1:] if same_plan(r, chosen[0])]
     fits = [r for r in grid[1:] if r not in twins
             and (cap_gib is None or (r.get("gpu_peak_gib") or 0.0) <= cap_gib)]

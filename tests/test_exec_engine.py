@@ -443,21 +443,26 @@ def test_long_lived_objects_leave_the_collector_after_the_first_step():
 
 def test_a_failed_construction_removes_the_host_state_it_created(monkeypatch):
     """Without a host_state the engine creates one; a failure later in the constructor closes it
-    (before, its shared-memory files stayed in /dev/shm)."""
-    import os
-
+    (before, its shared-memory files stayed in /dev/shm; since a state of one process is
+    unlinked once mapped, closing it is what releases its mappings and pinned pages)."""
     from slidedp.exec import engine as engine_mod
-    from slidedp.exec.host_state import SHM_DIR
+    from slidedp.exec.host_state import HostState
     from slidedp.spec.model import load_model
 
     def broken(*a, **k):
         raise RuntimeError("no pinned pool")
 
+    created: list[HostState] = []
+    real_create = HostState.create.__func__
+
+    def create(cls, *a, **k):
+        created.append(real_create(cls, *a, **k))
+        return created[-1]
+
     monkeypatch.setattr(engine_mod, "PinnedPool", broken)
-    mine = f"slidedp-{os.getpid()}-*"  # this process's host states (other test workers run beside)
-    before = set(SHM_DIR.glob(mine))
+    monkeypatch.setattr(HostState, "create", classmethod(create))
     tiny = load_model("tiny-qwen3")
     with pytest.raises(RuntimeError, match="no pinned pool"):
         Engine(dict(tiny.config), Workload(tiny, 16, 1, 1, 1), Plan(),
                optimizer=AdamWConfig(lr=1e-3))
-    assert set(SHM_DIR.glob(mine)) == before
+    assert len(created) == 1 and created[0].master is None  # closed

@@ -136,3 +136,39 @@ def test_a_state_of_one_process_leaves_no_files_however_the_process_ends(tmp_pat
     assert p.returncode == -9, p.stderr
     name = p.stdout.strip()
     assert name.startswith("slidedp-") and not list(SHM_DIR.glob(f"{name}*"))
+
+
+def test_a_state_too_large_for_shared_memory_is_refused_before_anything_is_written(monkeypatch):
+    """/dev/shm's files are sparse: a state larger than its room would map, then kill the process
+    with SIGBUS while being filled. create() refuses it first, naming the directory and the
+    bytes, and writes nothing."""
+    from types import SimpleNamespace
+
+    from slidedp.exec import host_state as hs_mod
+    from slidedp.spec.errors import InfeasiblePlan
+
+    monkeypatch.setattr(hs_mod.os, "statvfs",
+                        lambda path: SimpleNamespace(f_bavail=10, f_frsize=4096))
+    name = _named()
+    with pytest.raises(InfeasiblePlan, match=f"shared memory in {SHM_DIR} needs .*--shm-size"):
+        HostState.create([2**20, 2**20], name=name)
+    assert not list(SHM_DIR.glob(f"{name}*"))
+    with pytest.raises(InfeasiblePlan, match="a benchmark buffer of 1048576"):
+        hs_mod.private_shared(2**20, torch.float32)
+
+
+def test_a_named_state_that_fails_to_map_leaves_no_files(monkeypatch):
+    from slidedp.exec import host_state as hs_mod
+
+    real = hs_mod.map_shared
+
+    def failing(path, numel, dtype):
+        if path.name.endswith(".exp_avg_sq"):
+            raise OSError("no room")
+        return real(path, numel, dtype)
+
+    monkeypatch.setattr(hs_mod, "map_shared", failing)
+    name = _named()
+    with pytest.raises(OSError, match="no room"):
+        HostState.create([3, 4], name=name)
+    assert not list(SHM_DIR.glob(f"{name}*"))

@@ -15,8 +15,6 @@ import slidedp.sim.batch as sim_batch
 from slidedp.model.memory import check_fits
 from slidedp.policy.activations import (
     PolicyProfile,
-    lower_hull,
-    pareto_front,
     place,
     profile_policies,
     shortlist,
@@ -316,7 +314,8 @@ def test_a_mix_no_faster_than_all_layer_as_a_whole_plan_is_dropped():
         assert set(f.activations.plan.layer_policies) == {"layer"}
 
 
-def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
+def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated(monkeypatch):
+    monkeypatch.setattr(auto, "_unpriced", lambda best, profiles: [])  # tested on its own
     hw, wl = _tiny()
     calls = []
 
@@ -333,9 +332,7 @@ def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
     assert taus["none"] == pytest.approx(taus["layer"] - 1.0)  # tau_0 + measured delta
     assert rep.measured_taus == {"none"}
     assert rep.chosen.activations.counts == {"none": wl.model.n_layers}  # measured: far cheaper
-    # what a finalist's MILP chose, and (probes: auto._unpriced) hull policies nothing priced
-    hull = {p.name for p in lower_hull(pareto_front(shortlist(profile_policies(hw, wl))))}
-    assert calls[0] == "none" and set(calls[1:]) <= hull - {"none"}
+    assert calls == ["none"]  # only what a finalist's MILP chose is measured
 
 
 def test_calibration_rounds_measure_what_the_milps_choose_then_solve_again():
@@ -619,43 +616,53 @@ def test_auto_plan_probes_the_dropped_mix_of_the_measured_fastest_route(mix_s, t
 
 
 def _unpriced_finalist(taus_ms: dict[str, float]) -> tuple[Finalist, list[PolicyProfile]]:
-    """4 layers, a budget of 16 bytes; policies (retained bytes per layer, recompute fraction):
-    layer (1, 1.0), p1 (2, 0.6), p2 (3, 0.5: above the chord p1-p3, off the hull), p3 (4, 0.1),
-    p4 (8, 0.0: on the hull, but 4 layers of it need 32 bytes)."""
-    shape = {"layer": (1, 1.0), "p1": (2, 0.6), "p2": (3, 0.5), "p3": (4, 0.1), "p4": (8, 0.0)}
-    profiles = [PolicyProfile(n, b, 0.0, rc) for n, (b, rc) in shape.items()]
+    """4 layers, a budget of 16 bytes; policies (retained bytes per layer, recompute fraction,
+    transient bytes): layer (1, 1.0, 0), p1 (2, 0.6, 0), p2 (3, 0.5, 0: above the chord p1-p3,
+    off the hull), p3 (3.5, 0.05, 3: retains 14 on 4 layers, but its transient makes it 17),
+    p4 (3.6, 0.04, 0: 14.4), p5 (8, 0.0, 0: 32)."""
+    shape = {"layer": (1, 1.0, 0), "p1": (2, 0.6, 0), "p2": (3, 0.5, 0), "p3": (3.5, 0.05, 3),
+             "p4": (3.6, 0.04, 0), "p5": (8, 0.0, 0)}
+    profiles = [PolicyProfile(n, b, tr, rc) for n, (b, rc, tr) in shape.items()]
+    data = [PolicyData(n, 0.25, b, tr, 0.0) for n, (b, _, tr) in shape.items()]
     route = Plan(layer_policies=("layer",) * 4)
     a = ActivationChoice(route, 1.0, {n: 0.25 + taus_ms.get(n, 0.0) / 1e3 for n in shape},
-                         {n: float(b) for n, (b, _) in shape.items()}, 16.0, 1.0, "host-bound", [])
+                         {d.name: d.retained_bytes for d in data}, 16.0, 1.0, "host-bound", [],
+                         uniform_bytes={d.name: memory_bytes([d], [4]) for d in data})
     return Finalist(Scored(route, 1.0, 1.0, 1.0), a), profiles
 
 
 def test_unpriced_policies_are_measured_only_where_the_simulator_prices_none():
-    """Every simulated tau_j within UNPRICED_S of `layer`'s (a step the simulator calls
-    host-bound): the hull's policies whose every-layer plan fits, least recompute first, at most
+    """No simulated tau_j more than UNPRICED_S below `layer`'s (a step the simulator calls
+    host-bound; one priced above counts as unpriced too): the hull's policies whose every-layer
+    plan fits by the MILP's constraint (5), transient included, least recompute first, at most
     UNPRICED_CALIBRATIONS; one policy priced below `layer`: none (the MILP's pick then means
     something)."""
-    best, profiles = _unpriced_finalist({"p1": -0.05})
-    assert auto._unpriced(best, profiles) == ["p3", "p1"][:auto.UNPRICED_CALIBRATIONS]
+    best, profiles = _unpriced_finalist({"p1": -0.05, "p2": 5.0})
+    assert auto._unpriced(best, profiles) == ["p4", "p1"][:auto.UNPRICED_CALIBRATIONS]
     best, profiles = _unpriced_finalist({"p2": -0.5})
     assert auto._unpriced(best, profiles) == []
 
 
 def test_calibration_measures_unpriced_policies_only_with_probes(monkeypatch):
-    """auto_plan end to end on the tiny model, whose steps the simulator prices alike for every
-    policy: with probes, round 1 measures the best finalist's unpriced hull policies; without
-    probes (a measured saving the whole-plan simulation drops could not be taken then) they are
-    not looked for."""
+    """auto_plan end to end on the tiny model: with probes, the first calibration round measures
+    the best simulated finalist's unpriced policies beside the MILPs' picks (here one no MILP
+    picks); without probes (a measured saving the whole-plan simulation drops could not be
+    taken then) they are not looked for."""
     hw, wl = _tiny()
+    asked: list[Finalist] = []
+
+    def unpriced(best, profiles):
+        asked.append(best)
+        return ["seg:0b0000000"]
+
+    monkeypatch.setattr(auto, "_unpriced", unpriced)
+    _, free = auto_plan(hw, wl, 40 * GIB, sim_workers=1)
+    assert all("seg:0b0000000" not in f.activations.counts for f in free.finalists)
     calls: list[str] = []
     _, rep = auto_plan(hw, wl, 40 * GIB, sim_workers=1, probe=lambda plan: 1.0,
                        probe_device="fake", calibrate=lambda ref, name: calls.append(name) or 0.0)
-    best = min(rep.finalists, key=lambda f: f.simulated_score_s)
-    extra = auto._unpriced(best, shortlist(profile_policies(hw, wl)))
-    assert extra and set(extra) <= set(calls)
-
-    def refused(*args):
-        raise AssertionError("looked for unpriced policies without probes")
-
-    monkeypatch.setattr(auto, "_unpriced", refused)
+    assert len(asked) == 1 and "seg:0b0000000" in calls
+    assert asked[0].route.plan in [f.route.plan for f in rep.finalists]
+    asked.clear()
     auto_plan(hw, wl, 40 * GIB, sim_workers=1, calibrate=lambda ref, name: 0.0)
+    assert not asked

@@ -139,8 +139,11 @@ def test_import_writes_the_stored_cases(tmp_path):
     # 16:21 8B call, 3 + 2 (16:35 8B), 2 + 1 (16:41 14B), 1 + 4 (16:48 8B), 2 of 4 (18:50 4B:
     # `skip` leaves out its two rows cases), 6 (19:03 4B), 2 (19:17 8B); 1 + 2 + 1 + 8 (21:36-21:42
     # x4 8B), 1 + 1 (x4 14B), 5 (21:53 4B); 9 (2026-12-01 08:36 8B sweep), 4 + 3 (08:40 4B and
-    # 08:45 8B protocol runs: a plan's two runs are one case)
-    assert len(names) == 103
+    # 08:45 8B protocol runs: a plan's two runs are one case), 3 (13:03 8B protocol runs) + 2
+    # (13:16 8B traced rows)
+    assert len(names) == 108
+    assert (out / "h200-1316-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-c256-sacx36"
+            / store.MEASURED_TRACE).exists()  # a trace file named with a digest
     traced = out / "h200x4-2142-qwen3-8b-r4-gb4-mb1-sharded-cpu-rank0-w36"  # `traces` field
     assert (traced / store.MEASURED_TRACE).exists() and (traced / store.SIMULATED_TRACE).exists()
     assert not any(n.startswith("h200-1850-") and n.endswith("-rows") for n in names)
@@ -169,7 +172,7 @@ def test_import_writes_the_stored_cases(tmp_path):
     assert four_b["hardware"]["preset"] == "h200x1"
     summary = (out / store.SUMMARY_MD).read_text()
     assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
-    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 104
+    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 109
 
 
 def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):

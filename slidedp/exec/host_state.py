@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from slidedp.exec.layout import model_layout
+from slidedp.spec.errors import InfeasiblePlan
 
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 FILES = ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json")  # a state's, by suffix
@@ -51,11 +52,23 @@ def map_shared(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_file(str(path), shared=True, size=max(numel, 1), dtype=dtype)[:numel]
 
 
+def check_room(nbytes: float, what: str) -> None:
+    """Raise InfeasiblePlan, before anything is written, where SHM_DIR cannot hold `nbytes` more
+    (its files are sparse: filling past the room would kill the process with SIGBUS, no message;
+    a container's /dev/shm is often 64 MiB unless started with a larger --shm-size)."""
+    st = os.statvfs(SHM_DIR)
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise InfeasiblePlan(f"shared memory in {SHM_DIR}", nbytes, free,
+                             f"{what} (a container's /dev/shm: raise --shm-size)")
+
+
 def private_shared(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """Memory of the host state's kind (a /dev/shm mapping, whose pages the kernel may back
     otherwise than a process's anonymous memory, e.g. without transparent huge pages) for this
     process alone: mapped, then unlinked at once. For benchmarks that must time the kernels on
     the memory the executor runs them on (profile/host.py)."""
+    check_room(numel * dtype.itemsize, f"a benchmark buffer of {numel} {dtype} elements")
     path = SHM_DIR / f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}.bench"
     try:
         return map_shared(path, numel, dtype)
@@ -114,6 +127,12 @@ class HostState:
         private = name is None
         name = name or f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         storage_of = checked_storage_of(list(unit_numels), storage_of)
+        elems = sum(n for u, n in enumerate(unit_numels) if storage_of[u] == u)
+        copy_bytes = 0 if copy_dtype is None else copy_dtype.itemsize
+        check_room(elems * (3 * 4 + copy_bytes) + 8 * len(unit_numels),
+                   f"host state {name}: FP32 master, exp_avg, exp_avg_sq"
+                   + ("" if copy_dtype is None else f" and a {copy_dtype} copy")
+                   + f" of {elems} elements")
         meta = {
             "unit_numels": list(unit_numels),
             "copy_dtype": None if copy_dtype is None else str(copy_dtype).removeprefix("torch."),

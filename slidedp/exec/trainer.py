@@ -147,7 +147,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
         def fill(hs: HostState) -> HostState:
-            """The initial state (closed again, so nothing stays in /dev/shm, if reading fails)."""
+            """The initial state (closed again if reading fails: its memory released, and a
+            shared one's files removed from /dev/shm)."""
             try:
                 for u in range(hs.n_units):
                     if reader is None:

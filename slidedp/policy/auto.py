@@ -62,7 +62,7 @@ from slidedp.policy.activations import (
     profile_policies,
     shortlist,
 )
-from slidedp.policy.milp import PolicyData, solve
+from slidedp.policy.milp import PolicyData, memory_bytes, solve
 from slidedp.policy.report import GIB, ActivationChoice, Finalist, PolicyReport
 from slidedp.policy.routes import (
     TIE_REL,
@@ -205,25 +205,26 @@ def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
             plan = replace(route, layer_policies=("layer",) * L)
             final_s, exposure = _exposure(sims, plan)
         out.append(ActivationChoice(plan, t0, taus, {d.name: d.retained_bytes for d in data},
-                                    budget, final_s, exposure, notes, dropped, dropped_s))
+                                    budget, final_s, exposure, notes, dropped, dropped_s,
+                                    {d.name: memory_bytes([d], [L]) for d in data}))
     return out
 
 
 def _unpriced(best: Finalist, profiles: list[PolicyProfile]) -> list[str]:
     """Where the simulator credits no policy a saving on the best simulated finalist (a step it
-    calls host-bound: every simulated tau_j within UNPRICED_S of `layer`'s), the MILP is
+    calls host-bound: no simulated tau_j more than UNPRICED_S below `layer`'s), the MILP is
     indifferent and its pick says nothing; the policies worth measuring then are those that
     would save the most GPU time should that verdict be wrong within the simulator's error: the
     lower convex hull's (activations.lower_hull) whose every-layer plan fits the activation
-    budget, least recompute first, at most UNPRICED_CALIBRATIONS. On Qwen3-8B mb 4 on
+    budget (the MILP's constraint 5: retained, transient and reload bytes), least recompute
+    first, at most UNPRICED_CALIBRATIONS. On Qwen3-8B mb 4 on
     nvidia-h200 (2026-12-01) the MILP's indifferent pick, seg:0b1101110, measured 4% slower as a
     whole plan, `sac`, never measured by the selection, 2% faster. Else none."""
     a = best.activations
-    tau0, n_layers = a.taus_s["layer"], len(a.plan.layer_policies)
-    if any(a.taus_s[p.name] < tau0 - UNPRICED_S for p in profiles):
+    if any(a.taus_s[p.name] < a.taus_s["layer"] - UNPRICED_S for p in profiles):
         return []
     fits = [p for p in lower_hull(pareto_front(profiles)) if p.name != "layer"
-            and a.retained_bytes[p.name] * n_layers <= a.budget_bytes]
+            and a.uniform_bytes[p.name] <= a.budget_bytes]
     return [p.name for p in sorted(fits, key=lambda p: p.recompute_fraction)][
         :UNPRICED_CALIBRATIONS]
 

@@ -33,6 +33,8 @@ class ActivationChoice:
     notes: list[str] = field(default_factory=list)
     dropped: Plan | None = None  # the MILP's mix, where its whole plan simulated no faster
     dropped_s: float | None = None  # that whole plan, simulated
+    # per policy: constraint (5)'s left side with every layer on it (milp.memory_bytes)
+    uniform_bytes: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
     def counts_of(plan: Plan) -> dict[str, int]:

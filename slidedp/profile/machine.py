@@ -34,7 +34,7 @@ class Machine:
     gpu_model: str  # "" without CUDA
     gpu_count: int
     hbm_bytes: float  # per GPU; 0 without CUDA
-    huge_pages: str = "THP unknown"  # huge_pages(): anonymous memory's and /dev/shm's modes
+    huge_pages: str = "THP enabled=unknown shmem_enabled=unknown"  # huge_pages()
 
     def gpus(self) -> str:
         return f"{self.gpu_count}x {self.gpu_model}" if self.gpu_count else "no CUDA GPU"

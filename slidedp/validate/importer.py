@@ -71,7 +71,7 @@ def trace_file_name(case: str) -> str:
     importer also takes the plain .json of that name). A case string too long for a file name
     (a plan with one policy per decoder layer) keeps its first TRACE_NAME_CHARS characters and a
     digest of the whole."""
-    name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in case)
+    name = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "-." else "_" for ch in case)
     if len(name) > TRACE_NAME_CHARS:
         name = f"{name[:TRACE_NAME_CHARS]}-{hashlib.sha256(case.encode()).hexdigest()[:16]}"
     return name + ".json.gz"

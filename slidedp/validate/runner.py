@@ -100,7 +100,7 @@ def random_host_state(model_config: dict, copy_dtype: torch.dtype | None,
     hs = HostState.create(numels, copy_dtype, storage_of=storage_of)
     try:
         fill_random(init, layout, hs)
-    except BaseException:  # no shared-memory files left behind by a failed fill
+    except BaseException:  # a failed fill releases the state's memory at once
         hs.close()
         raise
     return hs
