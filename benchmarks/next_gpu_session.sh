@@ -38,21 +38,15 @@
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-# Left after the 2026-12-01 08:22-08:51 calls (the session of 10:35 had 34 s of device time: none
-# run), in order: `x2-val` when nvidia-h200-x2 is lent
-# (issue 6: the x2 matrix on a profile that measures the dispatch gaps; then `MODEL=qwen3-4b x2-val`),
-# `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind; at 8B on
-# nvidia-h200 `sac` beat the choice by 3.5% in one protocol run: re-run there after the shortlist
-# change, `HW=benchmarks/results/2026-12-01-h200-profile-0829.toml MODEL=qwen3-8b ap OUT 4` and
-# `ap-confirm` with --top 2 in a call of its own, with `adam-llc` first and --traces on the
-# sweep: the simulator put that 8B update at 2.39 s against 1.83-2.23 measured; since 11:06 the
-# selection simulates in worker processes and probes a mix the whole-plan simulation dropped
-# where a policy of it measured a saving: check the selection time stays under 60 s with that
-# extra probe and whether it now takes `sac`), `x4` / x8 when
-# lent (issue 7). Also worth one multi_gpu.py row each beside `h200-ratio`'s: 5:5 with
-# grad_buffers=3 (at mb 5 the backward stalled ~16 ms a step on its 2 gradient buffers while the
-# update lagged behind the embedding's bulk chunks; the simulator sees no stall), and a sweep's
-# first plan run twice (AutoPolicy's choice is always a sweep's first row).
+# Left after the 2026-12-01 12:46-13:18 calls (adam-llc, grad_buffers=3 and the 8B AutoPolicy
+# runs are done: benchmarks/RESULTS.md), in order: on any H200, `mem-kind` and a `slidedp
+# profile --quick` in one call (issue 6: the 13:09 lease's profile timed AdamW 44% faster than the
+# 08:29 lease's on anonymous memory while the executor's 8B update ran alike, and the five 8B rows
+# came out 12-16% under-predicted; the profile now times the state on /dev/shm: run the 8B
+# w36/256 rows again beside that profile, import them on it, and see whether the error closes);
+# `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on a profile that measures the
+# dispatch gaps; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2
+# (issue 8 on the second kind); `x4` / x8 when lent (issue 7).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only

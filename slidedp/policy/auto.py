@@ -17,8 +17,9 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        matter, not the whole shortlist. With probes, where the simulator prices no policy on
        the best simulated finalist (host-bound), the first round also measures up to
        UNPRICED_CALIBRATIONS hull policies that could save the most GPU time (_unpriced): the
-       MILP's pick among equal costs says nothing then. The simulations of these stages (tens of plans, ~0.2 s
-       each at 8B) run several at once in worker processes (sim/batch.py StepTimes).
+       MILP's pick among equal costs says nothing then. The simulations of these stages (tens
+       of plans, ~0.2 s each at 8B) run several at once in worker processes (sim/batch.py
+       StepTimes).
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
@@ -217,9 +218,9 @@ def _unpriced(best: Finalist, profiles: list[PolicyProfile]) -> list[str]:
     would save the most GPU time should that verdict be wrong within the simulator's error: the
     lower convex hull's (activations.lower_hull) whose every-layer plan fits the activation
     budget (the MILP's constraint 5: retained, transient and reload bytes), least recompute
-    first, at most UNPRICED_CALIBRATIONS. On Qwen3-8B mb 4 on
-    nvidia-h200 (2026-12-01) the MILP's indifferent pick, seg:0b1101110, measured 4% slower as a
-    whole plan, `sac`, never measured by the selection, 2% faster. Else none."""
+    first, at most UNPRICED_CALIBRATIONS. On Qwen3-8B mb 4 on nvidia-h200 (2026-12-01) the
+    MILP's indifferent pick, seg:0b1101110, measured 4% slower as a whole plan, `sac`, never
+    measured by the selection, 2% faster. Else none."""
     a = best.activations
     if any(a.taus_s[p.name] < a.taus_s["layer"] - UNPRICED_S for p in profiles):
         return []
