@@ -188,7 +188,10 @@ def test_spare_memory_goes_to_the_window_when_uploads_are_exposed():
     assert any("window 36 over window 3, " in x and " saves " in x for x in rep.lines())
 
 
-def test_probes_decide_between_finalists_and_say_so():
+def test_probes_decide_between_finalists_and_say_so(monkeypatch):
+    # the tiny model's simulated steps price no policy: no whole plans of one policy probed
+    # after the mix (auto._unpriced, _probe_uniform: tested on their own)
+    monkeypatch.setattr(auto, "_unpriced", lambda f, profiles: [])
     hw, wl = _tiny()
     seen = []
 
@@ -472,6 +475,9 @@ def test_a_probes_one_off_setup_is_not_its_cost(monkeypatch):
     look as long: on a clock where the simulated stages take no time, 3 s of setup, 10 ms probes
     and a limit of 3.6 s probe every finalist (counting the setup as the first probe's cost
     would stop after it)."""
+    # the tiny model's simulated steps price no policy: no whole plans of one policy probed
+    # after the mix (auto._unpriced, _probe_uniform: tested on their own)
+    monkeypatch.setattr(auto, "_unpriced", lambda f, profiles: [])
     hw, wl = _tiny()
     _, free = auto_plan(hw, wl, 40 * GIB, probe=lambda p: 1.0, probe_device="fake")
     now = [0.0]
@@ -635,34 +641,68 @@ def test_unpriced_policies_are_measured_only_where_the_simulator_prices_none():
     """No simulated tau_j more than UNPRICED_S below `layer`'s (a step the simulator calls
     host-bound; one priced above counts as unpriced too): the hull's policies whose every-layer
     plan fits by the MILP's constraint (5), transient included, least recompute first, at most
-    UNPRICED_CALIBRATIONS; one policy priced below `layer`: none (the MILP's pick then means
+    UNPRICED_POLICIES; one policy priced below `layer`: none (the MILP's pick then means
     something)."""
     best, profiles = _unpriced_finalist({"p1": -0.05, "p2": 5.0})
-    assert auto._unpriced(best, profiles) == ["p4", "p1"][:auto.UNPRICED_CALIBRATIONS]
+    assert auto._unpriced(best, profiles) == ["p4", "p1"][:auto.UNPRICED_POLICIES]
     best, profiles = _unpriced_finalist({"p2": -0.5})
     assert auto._unpriced(best, profiles) == []
 
 
-def test_calibration_measures_unpriced_policies_only_with_probes(monkeypatch):
-    """auto_plan end to end on the tiny model: with probes, the first calibration round measures
-    the best simulated finalist's unpriced policies beside the MILPs' picks (here one no MILP
-    picks); without probes (a measured saving the whole-plan simulation drops could not be
-    taken then) they are not looked for."""
+def test_where_no_policy_is_priced_whole_plans_are_probed_instead_of_per_layer_costs(monkeypatch):
+    """auto_plan end to end on the tiny model, with seg:0b0000000 and `sac` made the unpriced
+    policies (neither in any finalist's mix): with probes, nothing is measured per layer; after
+    the route probes, the chosen route is probed with every layer on seg:0b0000000, then on
+    `sac`, and the faster beyond a tie is taken;
+    without probes, unpriced policies are not looked for and calibration runs as before."""
     hw, wl = _tiny()
-    asked: list[Finalist] = []
-
-    def unpriced(best, profiles):
-        asked.append(best)
-        return ["seg:0b0000000"]
-
-    monkeypatch.setattr(auto, "_unpriced", unpriced)
-    _, free = auto_plan(hw, wl, 40 * GIB, sim_workers=1)
-    assert all("seg:0b0000000" not in f.activations.counts for f in free.finalists)
+    monkeypatch.setattr(auto, "_unpriced", lambda f, profiles: ["seg:0b0000000", "sac"])
     calls: list[str] = []
-    _, rep = auto_plan(hw, wl, 40 * GIB, sim_workers=1, probe=lambda plan: 1.0,
-                       probe_device="fake", calibrate=lambda ref, name: calls.append(name) or 0.0)
-    assert len(asked) == 1 and "seg:0b0000000" in calls
-    assert asked[0].route.plan in [f.route.plan for f in rep.finalists]
-    asked.clear()
-    auto_plan(hw, wl, 40 * GIB, sim_workers=1, calibrate=lambda ref, name: 0.0)
-    assert not asked
+    probed: list[Plan] = []
+
+    def probe(plan):
+        probed.append(plan)
+        return {("seg:0b0000000",): 0.9, ("sac",): 0.899}.get(
+            tuple(set(plan.layer_policies)), 1.0)
+
+    plan, rep = auto_plan(hw, wl, 40 * GIB, sim_workers=1, probe=probe, probe_device="fake",
+                          calibrate=lambda ref, name: calls.append(name) or 0.0)
+    L = wl.model.n_layers
+    assert not calls and any("no per-layer costs are measured" in n for n in rep.notes)
+    route = rep.chosen.route.plan
+    assert probed[-2:] == [replace(route, layer_policies=(p,) * L)
+                           for p in ("seg:0b0000000", "sac")]
+    assert not {"sac", "seg:0b0000000"} & set(rep.chosen.activations.plan.layer_policies)
+    assert plan.layer_policies == ("seg:0b0000000",) * L  # `sac` is within the tie of it
+    lines = rep.lines()
+    assert "every layer on `seg:0b0000000` measured 0.9 s/step on fake, against 1 s: taken" in lines
+    assert ("every layer on `sac` measured 0.899 s/step on fake, against 0.9 s: not faster "
+            "beyond a tie") in lines
+    assert any(x.startswith("policy mix: every layer `seg:0b0000000`, taken by its probe")
+               for x in lines)
+    assert any(x.lstrip().startswith("seg:0b0000000 ") and x.endswith(f"chosen for {L} layers")
+               for x in lines)
+    assert "probes of whole plans on one policy" in rep.stages_s
+
+    monkeypatch.setattr(auto, "_unpriced", lambda f, profiles: pytest.fail("looked for"))
+    calls.clear()
+    auto_plan(hw, wl, 40 * GIB, sim_workers=1, calibrate=lambda ref, name: calls.append(name) or 0.0)
+    assert calls  # no probes: the MILPs' picks measured per layer, as before
+
+
+def test_whole_plans_of_unpriced_policies_are_probed_within_the_limit():
+    """_probe_uniform: a plan starts only where the longest probe so far still ends within the
+    deadline (the report names the ones left out); a refused plan is reported and not taken."""
+    rep = _dropped_mix_report(set())
+    plans = [Plan(layer_policies=(p,) * 4) for p in ("sac", "none")]
+
+    def refuse(plan):
+        return None
+
+    assert not auto._probe_uniform(refuse, rep, plans, deadline=time.perf_counter() + 1.0,
+                                   longest=5.0)
+    assert rep.notes == [f"every layer on `{p}` was not probed: the selection's time limit"
+                         for p in ("sac", "none")]
+    assert auto._probe_uniform(refuse, rep, plans[:1], deadline=None, longest=0.0)
+    assert rep.chosen.uniform_taken is None and rep.chosen.plan.layer_policies == ("layer",) * 4
+    assert "every layer on `sac`: the probe refused it (see `probe refused`)" in rep.lines()

@@ -15,11 +15,12 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        measured tau_j and the MILPs are solved again, for at most CALIBRATION_ROUNDS rounds (a
        round measures only policies newly chosen): real runs go to the policies that can
        matter, not the whole shortlist. With probes, where the simulator prices no policy on
-       the best simulated finalist (host-bound), the first round also measures up to
-       UNPRICED_CALIBRATIONS hull policies that could save the most GPU time (_unpriced): the
-       MILP's pick among equal costs says nothing then. The simulations of these stages (tens
-       of plans, ~0.2 s each at 8B) run several at once in worker processes (sim/batch.py
-       StepTimes).
+       the best simulated finalist (host-bound), nothing is measured per layer: the MILP's pick
+       among equal costs says nothing then, and per-layer savings do not add up on such a step;
+       up to UNPRICED_POLICIES hull policies that could save the most GPU time are probed as
+       whole plans instead, every layer on one (_unpriced, _probe_uniform, after the probes
+       below). The simulations of these stages (tens of plans, ~0.2 s each at 8B) run several
+       at once in worker processes (sim/batch.py StepTimes).
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
@@ -86,7 +87,7 @@ __all__ = ["GIB", "PolicyReport", "auto_plan", "capped"]
 MAX_RESOLVES = 3
 CALIBRATION_ROUNDS = 2  # measure the policies the MILPs chose, solve again (method.md 7, step 6)
 UNPRICED_S = 1e-4  # seconds per layer: a simulated saving below this is none (_unpriced)
-UNPRICED_CALIBRATIONS = 2  # policies measured where the simulator prices none (_unpriced)
+UNPRICED_POLICIES = 2  # policies probed on every layer where the simulator prices none
 BUDGET_TIGHTEN = 0.02  # fraction of the activation budget removed per re-solve
 OFFLOAD_STEPS = (0.25, 0.5, 0.75, 1.0)
 ACTIVATION_TERMS = ("checkpoints", "reload", "transient")  # the MILP's share of gpu_footprint
@@ -211,23 +212,34 @@ def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
     return out
 
 
-def _unpriced(best: Finalist, profiles: list[PolicyProfile]) -> list[str]:
-    """Where the simulator credits no policy a saving on the best simulated finalist (a step it
-    calls host-bound: no simulated tau_j more than UNPRICED_S below `layer`'s), the MILP is
-    indifferent and its pick says nothing; the policies worth measuring then are those that
-    would save the most GPU time should that verdict be wrong within the simulator's error: the
-    lower convex hull's (activations.lower_hull) whose every-layer plan fits the activation
-    budget (the MILP's constraint 5: retained, transient and reload bytes), least recompute
-    first, at most UNPRICED_CALIBRATIONS. On Qwen3-8B mb 4 on nvidia-h200 (2026-12-01) the
-    MILP's indifferent pick, seg:0b1101110, measured 4% slower as a whole plan, `sac`, never
-    measured by the selection, 2% faster. Else none."""
-    a = best.activations
+def _unpriced(finalist: Finalist, profiles: list[PolicyProfile]) -> list[str]:
+    """Where the simulator credits no policy a saving on `finalist` (a step it calls
+    host-bound: no simulated tau_j more than UNPRICED_S below `layer`'s), the MILP is
+    indifferent and its pick says nothing; the policies worth probing then are those that would
+    save the most GPU time should that verdict be wrong within the simulator's error: the lower
+    convex hull's (activations.lower_hull) whose every-layer plan fits the activation budget
+    (the MILP's constraint 5: retained, transient and reload bytes), least recompute first, at
+    most UNPRICED_POLICIES. Else none.
+    Probed as whole plans, not costed per layer: on Qwen3-8B mb 4 on nvidia-h200 (2026-12-01)
+    the MILP's indifferent pick, seg:0b1101110, measured 4% slower as a whole plan and `sac`,
+    never measured, 2% faster; measured per layer in the reduced pipeline (13:02) they saved
+    13.1 and 9.6 ms a layer, the MILP took seg:0b1101110 again, and its whole plan was again no
+    faster: per-layer savings do not add up on a host-bound step, and a reduced-pipeline
+    measurement at that size costs as much as a whole-plan probe (~10 s)."""
+    a = finalist.activations
     if any(a.taus_s[p.name] < a.taus_s["layer"] - UNPRICED_S for p in profiles):
         return []
     fits = [p for p in lower_hull(pareto_front(profiles)) if p.name != "layer"
             and a.uniform_bytes[p.name] <= a.budget_bytes]
-    return [p.name for p in sorted(fits, key=lambda p: p.recompute_fraction)][
-        :UNPRICED_CALIBRATIONS]
+    return [p.name for p in sorted(fits, key=lambda p: p.recompute_fraction)][:UNPRICED_POLICIES]
+
+
+def _fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> bool:
+    try:
+        check_fits(hw, wl, plan)
+        return True
+    except InfeasiblePlan:
+        return False
 
 
 def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
@@ -332,15 +344,18 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
 
     finalists = solved()
     lap("activation MILPs")
+    unpriced = probe is not None and bool(_unpriced(best_first(
+        finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)[0], profiles))
+    if unpriced and calibrate is not None:
+        rep.notes.append("the simulator prices no activation policy on the best finalist (a "
+                         "step it calls host-bound): no per-layer costs are measured, whole "
+                         "plans are probed instead")
     tried: set[str] = set()
-    for round_ in range(CALIBRATION_ROUNDS if calibrate is not None else 0):
+    for _ in range(CALIBRATION_ROUNDS if calibrate is not None and not unpriced else 0):
         # with probes, a dropped mix's policies too: a probe may take it (_probe_mix)
-        picked = {n for f in finalists for n in (
+        picked = sorted({n for f in finalists for n in (
             f.probed_mix.layer_policies if probe is not None else f.activations.counts)}
-        if probe is not None and round_ == 0:
-            picked |= set(_unpriced(best_first(
-                finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)[0], profiles))
-        picked = sorted(picked - {"layer"} - tried)
+            - {"layer"} - tried)
         if not picked:
             break
         tried.update(picked)
@@ -363,8 +378,39 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
         rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
     if probe is not None and _probe_mix(probe, rep, deadline, longest):
         lap("probe of the chosen mix")
+    if unpriced:
+        route = rep.chosen.route.plan
+        plans = [replace(route, layer_policies=(n,) * wl.model.n_layers)
+                 for n in _unpriced(rep.chosen, profiles)]
+        if _probe_uniform(probe, rep, [q for q in plans if _fits(hw, wl, q)], deadline, longest):
+            lap("probes of whole plans on one policy")
     rep.selection_s = time.perf_counter() - start
     return rep.chosen.plan, rep
+
+
+def _probe_uniform(probe: Probe, rep: PolicyReport, plans: list[Plan], deadline: float | None,
+                   longest: float) -> bool:
+    """Measure the chosen finalist's route with every layer on one policy, for each of `plans`
+    in order (the unpriced policies: _unpriced), each only where the longest probe so far still
+    ends within the deadline; a plan faster beyond a tie (routes.TIE_REL) than the best measured
+    so far (the all-`layer` route, the mix _probe_mix kept, an earlier plan of these) is taken.
+    Whether it ran a probe."""
+    c = rep.chosen
+    if c.route.measured_s is None or not plans:
+        return False
+    best_s = (c.plan_measured_s if c.plan_measured_s is not None and not c.activations_rejected
+              else c.route.measured_s)
+    ran = False
+    for plan in plans:
+        name = plan.layer_policies[0]
+        if deadline is not None and time.perf_counter() + longest > deadline:
+            rep.notes.append(f"every layer on `{name}` was not probed: the selection's time limit")
+            continue
+        measured_s, ran = probe(plan), True
+        c.uniform_probes.append((name, measured_s, best_s))
+        if measured_s is not None and measured_s < best_s * (1 - TIE_REL):
+            c.uniform_taken, best_s = plan, measured_s
+    return ran
 
 
 def _probe_mix(probe: Probe, rep: PolicyReport, deadline: float | None, longest: float) -> bool:
