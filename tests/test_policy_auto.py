@@ -145,6 +145,14 @@ def _tiny():
     return load_hardware("h200x1"), Workload(load_model("tiny-qwen3"), 256, 2, 2, 1)
 
 
+@pytest.fixture(autouse=True)
+def _priced(monkeypatch):
+    """The tiny model's simulated steps price no activation policy (auto._priced_none), which
+    with probes would send every selection here down the unpriced path; the tests of the MILP's
+    mix and of its probe see policies priced, and the tests of the unpriced path set it again."""
+    monkeypatch.setattr(auto, "_priced_none", lambda finalist, profiles: False)
+
+
 def test_auto_plan_fits_the_cap_and_reports():
     hw, wl = _tiny()
     plan, rep = auto_plan(hw, wl, 40 * GIB)
@@ -188,10 +196,7 @@ def test_spare_memory_goes_to_the_window_when_uploads_are_exposed():
     assert any("window 36 over window 3, " in x and " saves " in x for x in rep.lines())
 
 
-def test_probes_decide_between_finalists_and_say_so(monkeypatch):
-    # the tiny model's simulated steps price no policy: no whole plans of one policy probed
-    # after the mix (auto._unpriced, _probe_uniform: tested on their own)
-    monkeypatch.setattr(auto, "_unpriced", lambda f, profiles: [])
+def test_probes_decide_between_finalists_and_say_so():
     hw, wl = _tiny()
     seen = []
 
@@ -317,8 +322,7 @@ def test_a_mix_no_faster_than_all_layer_as_a_whole_plan_is_dropped():
         assert set(f.activations.plan.layer_policies) == {"layer"}
 
 
-def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated(monkeypatch):
-    monkeypatch.setattr(auto, "_unpriced", lambda best, profiles: [])  # tested on its own
+def test_probe_refusals_drop_finalists_and_measured_taus_replace_simulated():
     hw, wl = _tiny()
     calls = []
 
@@ -475,9 +479,6 @@ def test_a_probes_one_off_setup_is_not_its_cost(monkeypatch):
     look as long: on a clock where the simulated stages take no time, 3 s of setup, 10 ms probes
     and a limit of 3.6 s probe every finalist (counting the setup as the first probe's cost
     would stop after it)."""
-    # the tiny model's simulated steps price no policy: no whole plans of one policy probed
-    # after the mix (auto._unpriced, _probe_uniform: tested on their own)
-    monkeypatch.setattr(auto, "_unpriced", lambda f, profiles: [])
     hw, wl = _tiny()
     _, free = auto_plan(hw, wl, 40 * GIB, probe=lambda p: 1.0, probe_device="fake")
     now = [0.0]
@@ -637,72 +638,104 @@ def _unpriced_finalist(taus_ms: dict[str, float]) -> tuple[Finalist, list[Policy
     return Finalist(Scored(route, 1.0, 1.0, 1.0), a), profiles
 
 
-def test_unpriced_policies_are_measured_only_where_the_simulator_prices_none():
-    """No simulated tau_j more than UNPRICED_S below `layer`'s (a step the simulator calls
-    host-bound; one priced above counts as unpriced too): the hull's policies whose every-layer
-    plan fits by the MILP's constraint (5), transient included, least recompute first, at most
-    UNPRICED_POLICIES; one policy priced below `layer`: none (the MILP's pick then means
-    something)."""
+def test_the_unpriced_case_and_the_hull_policies_probed_in_it(monkeypatch):
+    """Priced: some simulated tau_j more than UNPRICED_S below `layer`'s (one priced above counts
+    as unpriced). The policies probed where nothing is priced: the hull's whose every-layer plan
+    fits by the MILP's constraint (5), transient included, least recompute first, at most
+    UNPRICED_POLICIES."""
+    monkeypatch.undo()  # the real _priced_none (the module's fixture stubs it)
     best, profiles = _unpriced_finalist({"p1": -0.05, "p2": 5.0})
-    assert auto._unpriced(best, profiles) == ["p4", "p1"][:auto.UNPRICED_POLICIES]
+    assert auto._priced_none(best, profiles)
+    assert auto._hull_fitting(best, profiles) == ["p4", "p1"][:auto.UNPRICED_POLICIES]
     best, profiles = _unpriced_finalist({"p2": -0.5})
-    assert auto._unpriced(best, profiles) == []
+    assert not auto._priced_none(best, profiles)
 
 
-def test_where_no_policy_is_priced_whole_plans_are_probed_instead_of_per_layer_costs(monkeypatch):
-    """auto_plan end to end on the tiny model, with seg:0b0000000 and `sac` made the unpriced
-    policies (neither in any finalist's mix): with probes, nothing is measured per layer; after
-    the route probes, the chosen route is probed with every layer on seg:0b0000000, then on
-    `sac`, and the faster beyond a tie is taken;
-    without probes, unpriced policies are not looked for and calibration runs as before."""
-    hw, wl = _tiny()
-    monkeypatch.setattr(auto, "_unpriced", lambda f, profiles: ["seg:0b0000000", "sac"])
-    calls: list[str] = []
+def _unpriced_selection(monkeypatch, probe_s, limit_s=None, step_s=0.0):
+    """auto_plan on the tiny model with nothing priced and seg:0b0000000, then `sac`, as the
+    hull policies to probe (neither in any finalist's mix); `probe_s`: measured seconds by the
+    set of policies a plan holds, 1.0 for the rest; each probe advances a fake clock by
+    `step_s`. (plan, report, plans probed, policies calibrated)."""
+    monkeypatch.setattr(auto, "_priced_none", lambda finalist, profiles: True)
+    monkeypatch.setattr(auto, "_hull_fitting", lambda finalist, profiles: ["seg:0b0000000", "sac"])
+    now = [0.0]
+    if step_s:
+        monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     probed: list[Plan] = []
+    calls: list[str] = []
 
     def probe(plan):
         probed.append(plan)
-        return {("seg:0b0000000",): 0.9, ("sac",): 0.899}.get(
-            tuple(set(plan.layer_policies)), 1.0)
+        now[0] += step_s
+        return probe_s.get(frozenset(plan.layer_policies) - {"layer"}, 1.0)
 
+    hw, wl = _tiny()
     plan, rep = auto_plan(hw, wl, 40 * GIB, sim_workers=1, probe=probe, probe_device="fake",
-                          calibrate=lambda ref, name: calls.append(name) or 0.0)
-    L = wl.model.n_layers
-    assert not calls and any("no per-layer costs are measured" in n for n in rep.notes)
-    route = rep.chosen.route.plan
-    assert probed[-2:] == [replace(route, layer_policies=(p,) * L)
-                           for p in ("seg:0b0000000", "sac")]
-    assert not {"sac", "seg:0b0000000"} & set(rep.chosen.activations.plan.layer_policies)
-    assert plan.layer_policies == ("seg:0b0000000",) * L  # `sac` is within the tie of it
+                          calibrate=lambda ref, name: calls.append(name) or 0.0,
+                          time_limit_s=limit_s)
+    return plan, rep, probed, calls
+
+
+def test_where_no_policy_is_priced_whole_plans_are_probed_instead_of_per_layer_costs(monkeypatch):
+    """Nothing is measured per layer; after the route probes the chosen route is probed with
+    every layer on seg:0b0000000, then on `sac`, then with the MILP's mix where it has one; the
+    fastest beyond a tie is taken, and the report says which was taken, which was beaten and
+    which was not faster; the MILP's mix, not faster, is not kept."""
+    one, two = frozenset({"seg:0b0000000"}), frozenset({"sac"})
+    plan, rep, probed, calls = _unpriced_selection(monkeypatch, {one: 0.9, two: 0.85})
+    L = _tiny()[1].model.n_layers
+    c = rep.chosen
+    assert not calls and any("nothing is measured per layer" in n for n in rep.notes)
+    mix = c.activations.plan
+    has_mix = set(mix.layer_policies) != {"layer"}
+    expected = [replace(c.route.plan, layer_policies=(p,) * L) for p in ("seg:0b0000000", "sac")]
+    assert probed[-2 - has_mix:] == expected + ([mix] if has_mix else [])
+    assert plan.layer_policies == ("sac",) * L
     lines = rep.lines()
-    assert "every layer on `seg:0b0000000` measured 0.9 s/step on fake, against 1 s: taken" in lines
-    assert ("every layer on `sac` measured 0.899 s/step on fake, against 0.9 s: not faster "
-            "beyond a tie") in lines
-    assert any(x.startswith("policy mix: every layer `seg:0b0000000`, taken by its probe")
-               for x in lines)
-    assert any(x.lstrip().startswith("seg:0b0000000 ") and x.endswith(f"chosen for {L} layers")
-               for x in lines)
-    assert "probes of whole plans on one policy" in rep.stages_s
-
-    monkeypatch.setattr(auto, "_unpriced", lambda f, profiles: pytest.fail("looked for"))
-    calls.clear()
-    auto_plan(hw, wl, 40 * GIB, sim_workers=1, calibrate=lambda ref, name: calls.append(name) or 0.0)
-    assert calls  # no probes: the MILPs' picks measured per layer, as before
+    assert ("every layer on `seg:0b0000000` measured 0.9 s/step on fake, against 1 s: faster, "
+            "then beaten by a later probe") in lines
+    assert "every layer on `sac` measured 0.85 s/step on fake, against 0.9 s: taken" in lines
+    if has_mix:
+        assert ("the MILP's policy mix measured 1 s/step on fake, against 0.85 s: not faster "
+                "beyond a tie") in lines
+    assert any(x.startswith("policy mix: every layer on `sac`, taken by its probe") for x in lines)
+    assert "probes of whole plans" in rep.stages_s and "probe of the chosen mix" not in rep.stages_s
 
 
-def test_whole_plans_of_unpriced_policies_are_probed_within_the_limit():
-    """_probe_uniform: a plan starts only where the longest probe so far still ends within the
-    deadline (the report names the ones left out); a refused plan is reported and not taken."""
-    rep = _dropped_mix_report(set())
-    plans = [Plan(layer_policies=(p,) * 4) for p in ("sac", "none")]
+def test_a_whole_plan_within_the_tie_leaves_every_layer_on_layer(monkeypatch):
+    plan, rep, _, _ = _unpriced_selection(monkeypatch, {frozenset({"sac"}): 0.996})
+    assert set(plan.layer_policies) == {"layer"}
+    assert ("every layer on `sac` measured 0.996 s/step on fake, against 1 s: not faster beyond "
+            "a tie") in rep.lines()
 
+
+def test_the_route_probes_keep_time_for_the_whole_plans(monkeypatch):
+    """On a fake clock where the simulated stages take no time and a probe 10 s, with a limit of
+    35 s: the first finalist is probed (ends at 10 s); a second would need room for itself and
+    the two whole plans (40 s), so it is not; the two whole plans are (20, 30 s); the MILP's
+    mix, where there is one, no longer fits (40 s), is left out and not kept."""
+    plan, rep, probed, _ = _unpriced_selection(
+        monkeypatch, {frozenset({"sac"}): 0.8}, limit_s=35.0, step_s=10.0)
+    assert len(probed) == 3 and len(rep.finalists) == 1
+    assert any(n.startswith("finalist") and "time limit" in n for n in rep.notes)
+    mix = rep.chosen.activations.plan
+    if set(mix.layer_policies) != {"layer"}:
+        assert "the MILP's policy mix was not probed: the selection's time limit" in rep.notes
+    assert set(plan.layer_policies) == {"sac"} and rep.selection_s <= 35.0
+
+
+def test_whole_plans_need_a_measured_route_and_report_refusals():
+    """_probe_unpriced: nothing to compare with (the route unmeasured): nothing probed, and the
+    report says why; a refused plan is reported and not taken."""
     def refuse(plan):
         return None
 
-    assert not auto._probe_uniform(refuse, rep, plans, deadline=time.perf_counter() + 1.0,
-                                   longest=5.0)
-    assert rep.notes == [f"every layer on `{p}` was not probed: the selection's time limit"
-                         for p in ("sac", "none")]
-    assert auto._probe_uniform(refuse, rep, plans[:1], deadline=None, longest=0.0)
-    assert rep.chosen.uniform_taken is None and rep.chosen.plan.layer_policies == ("layer",) * 4
+    plans = [Plan(layer_policies=(p,) * 4) for p in ("sac", "none")]
+    rep = _dropped_mix_report(set())
+    rep.chosen.route = replace(rep.chosen.route, measured_s=None)
+    assert not auto._probe_unpriced(refuse, rep, plans, deadline=None, longest=0.0)
+    assert rep.notes == ["no whole plan probed: no route was measured to compare it with"]
+    rep = _dropped_mix_report(set())
+    assert auto._probe_unpriced(refuse, rep, plans[:1], deadline=None, longest=0.0)
+    assert rep.chosen.unpriced_taken is None and rep.chosen.plan.layer_policies == ("layer",) * 4
     assert "every layer on `sac`: the probe refused it (see `probe refused`)" in rep.lines()

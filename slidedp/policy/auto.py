@@ -16,10 +16,8 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        round measures only policies newly chosen): real runs go to the policies that can
        matter, not the whole shortlist. With probes, where the simulator prices no policy on
        the best simulated finalist (host-bound), nothing is measured per layer: the MILP's pick
-       among equal costs says nothing then, and per-layer savings do not add up on such a step;
-       up to UNPRICED_POLICIES hull policies that could save the most GPU time are probed as
-       whole plans instead, every layer on one (_unpriced, _probe_uniform, after the probes
-       below). The simulations of these stages (tens of plans, ~0.2 s each at 8B) run several
+       among equal costs says nothing then, and per-layer savings do not add up on such a step
+       (_priced_none); whole plans are probed instead (below). The simulations of these stages (tens of plans, ~0.2 s each at 8B) run several
        at once in worker processes (sim/batch.py StepTimes).
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
@@ -38,8 +36,11 @@ simulator ranking in seconds and real probes spent only on confirming the finali
   executor runs it: the MILP's mix, or the one step 7 dropped where a policy of it has a measured
   tau_j (the measured per-layer costs and the whole-plan simulation disagree: the probe decides).
   Measured slower than its all-`layer` route, the mix is rejected and every layer kept on
-  `layer`; a dropped mix measured faster is taken. The report says whether the probes confirmed
-  or overturned the simulator's choice.
+  `layer`; a dropped mix measured faster is taken. Where nothing is priced, instead of the mix
+  probe, the chosen route is probed with every layer on each of up to UNPRICED_POLICIES hull
+  policies that fit (those that would save the most GPU time; _hull_fitting), then with the
+  MILP's mix, and the fastest beyond a tie is taken (_probe_unpriced; the route probes keep time
+  for these). The report says whether the probes confirmed or overturned the simulator's choice.
 A probe with a prepare() method (policy/probe.py) is asked to start building what it runs on
 once the route ranking has found a plan that fits, so that the build overlaps the simulated
 stages.
@@ -86,7 +87,7 @@ __all__ = ["GIB", "PolicyReport", "auto_plan", "capped"]
 
 MAX_RESOLVES = 3
 CALIBRATION_ROUNDS = 2  # measure the policies the MILPs chose, solve again (method.md 7, step 6)
-UNPRICED_S = 1e-4  # seconds per layer: a simulated saving below this is none (_unpriced)
+UNPRICED_S = 1e-4  # seconds per layer: a simulated saving below this is none (_priced_none)
 UNPRICED_POLICIES = 2  # policies probed on every layer where the simulator prices none
 BUDGET_TIGHTEN = 0.02  # fraction of the activation budget removed per re-solve
 OFFLOAD_STEPS = (0.25, 0.5, 0.75, 1.0)
@@ -212,23 +213,27 @@ def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
     return out
 
 
-def _unpriced(finalist: Finalist, profiles: list[PolicyProfile]) -> list[str]:
-    """Where the simulator credits no policy a saving on `finalist` (a step it calls
-    host-bound: no simulated tau_j more than UNPRICED_S below `layer`'s), the MILP is
-    indifferent and its pick says nothing; the policies worth probing then are those that would
-    save the most GPU time should that verdict be wrong within the simulator's error: the lower
-    convex hull's (activations.lower_hull) whose every-layer plan fits the activation budget
-    (the MILP's constraint 5: retained, transient and reload bytes), least recompute first, at
-    most UNPRICED_POLICIES. Else none.
-    Probed as whole plans, not costed per layer: on Qwen3-8B mb 4 on nvidia-h200 (2026-12-01)
-    the MILP's indifferent pick, seg:0b1101110, measured 4% slower as a whole plan and `sac`,
-    never measured, 2% faster; measured per layer in the reduced pipeline (13:02) they saved
-    13.1 and 9.6 ms a layer, the MILP took seg:0b1101110 again, and its whole plan was again no
-    faster: per-layer savings do not add up on a host-bound step, and a reduced-pipeline
-    measurement at that size costs as much as a whole-plan probe (~10 s)."""
+def _priced_none(finalist: Finalist, profiles: list[PolicyProfile]) -> bool:
+    """Whether the simulator credits no policy a saving on `finalist` (a step it calls
+    host-bound: no simulated tau_j more than UNPRICED_S below `layer`'s). The MILP is then
+    indifferent and its pick says nothing, and per-layer costs measured in the reduced pipeline
+    do not add up either: on Qwen3-8B mb 4 on nvidia-h200 (2026-12-01) the MILP's indifferent
+    pick, seg:0b1101110, measured 4% slower as a whole plan and `sac`, never measured, 2%
+    faster; measured per layer (13:02) they saved 13.1 and 9.6 ms a layer, the MILP took
+    seg:0b1101110 again, and its whole plan was again no faster. A reduced-pipeline measurement
+    at that size costs as much as a whole-plan probe (~10 s): whole plans are probed instead
+    (_hull_fitting, _probe_unpriced)."""
     a = finalist.activations
-    if any(a.taus_s[p.name] < a.taus_s["layer"] - UNPRICED_S for p in profiles):
-        return []
+    return not any(a.taus_s[p.name] < a.taus_s["layer"] - UNPRICED_S for p in profiles)
+
+
+def _hull_fitting(finalist: Finalist, profiles: list[PolicyProfile]) -> list[str]:
+    """The policies worth probing on every layer where nothing is priced: those that would save
+    the most GPU time should the simulator's host-bound verdict be wrong within its error, i.e.
+    the lower convex hull's (activations.lower_hull) whose every-layer plan fits `finalist`'s
+    activation budget (the MILP's constraint 5: retained, transient and reload bytes), least
+    recompute first, at most UNPRICED_POLICIES."""
+    a = finalist.activations
     fits = [p for p in lower_hull(pareto_front(profiles)) if p.name != "layer"
             and a.uniform_bytes[p.name] <= a.budget_bytes]
     return [p.name for p in sorted(fits, key=lambda p: p.recompute_fraction)][:UNPRICED_POLICIES]
@@ -254,20 +259,22 @@ def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
 
 
 def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
-             deadline: float | None) -> tuple[list[Finalist], int, float]:
+             deadline: float | None, after: int = 1) -> tuple[list[Finalist], int, float]:
     """Measure the finalists' routes (all `layer`) in the order given (best simulated first);
     (those kept, probes run, the longest probe's seconds). Those the executor refuses are
     dropped while any was measured. With a deadline
     (time.perf_counter() seconds), a probe starts only while the selection can still end in
-    time: the longest probe so far, for this one and for the chosen mix's, fits before it; until
-    a finalist has been measured, probes always run. A probe's one-off setup (building the host
+    time: the longest probe so far, for this one and for the `after` probes that follow (the
+    chosen mix's, or the whole plans of _probe_unpriced), fits before it; until a finalist has
+    been measured, probes always run. A probe's one-off setup (building the host
     state, or waiting for its background build: the probe's `setup_s`, where it has one) does
     not count as its cost.
     Finalists left unprobed leave the choice, and the report says so."""
     out, longest = [], 0.0
     for f in finalists:
         measured_any = any(x.route.measured_s is not None for x in out)
-        if deadline is not None and measured_any and time.perf_counter() + 2 * longest > deadline:
+        if deadline is not None and measured_any and (
+                time.perf_counter() + (1 + after) * longest > deadline):
             notes.append(f"finalist {f.label()} not probed: the selection's time limit")
             continue
         t, setup = time.perf_counter(), getattr(probe, "setup_s", 0.0)
@@ -344,12 +351,12 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
 
     finalists = solved()
     lap("activation MILPs")
-    unpriced = probe is not None and bool(_unpriced(best_first(
-        finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)[0], profiles))
-    if unpriced and calibrate is not None:
+    unpriced = probe is not None and _priced_none(best_first(
+        finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)[0], profiles)
+    if unpriced:
         rep.notes.append("the simulator prices no activation policy on the best finalist (a "
-                         "step it calls host-bound): no per-layer costs are measured, whole "
-                         "plans are probed instead")
+                         "step it calls host-bound): nothing is measured per layer, whole plans "
+                         "are probed instead")
     tried: set[str] = set()
     for _ in range(CALIBRATION_ROUNDS if calibrate is not None and not unpriced else 0):
         # with probes, a dropped mix's policies too: a probe may take it (_probe_mix)
@@ -368,48 +375,61 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
     finalists = best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)
     simulated_best = finalists[0].route.plan
     longest = 0.0
-    if probe is not None:
-        finalists, probed, longest = _confirm(probe, finalists, rep.notes, deadline)
+    if probe is not None:  # time kept for the probes after these: the mix's, or the whole plans'
+        after = UNPRICED_POLICIES if unpriced else 1
+        finalists, probed, longest = _confirm(probe, finalists, rep.notes, deadline, after)
         lap(f"probes of {probed} of {len(routes)} finalists")
     rep.simulator_pick = next((f for f in finalists if f.route.plan == simulated_best), None)
     if probe is None:  # simulated scores: a tie goes to the larger chunks (routes.best_first)
         rep.finalists = best_first(finalists, lambda f: f.score_s, lambda f: f.route.plan)
     else:  # measured: the fastest
         rep.finalists = sorted(finalists, key=lambda f: (f.score_s, f.route.plan.window_slots))
-    if probe is not None and _probe_mix(probe, rep, deadline, longest):
-        lap("probe of the chosen mix")
     if unpriced:
         route = rep.chosen.route.plan
         plans = [replace(route, layer_policies=(n,) * wl.model.n_layers)
-                 for n in _unpriced(rep.chosen, profiles)]
-        if _probe_uniform(probe, rep, [q for q in plans if _fits(hw, wl, q)], deadline, longest):
-            lap("probes of whole plans on one policy")
+                 for n in _hull_fitting(rep.chosen, profiles)]
+        if _probe_unpriced(probe, rep, [q for q in plans if _fits(hw, wl, q)], deadline, longest):
+            lap("probes of whole plans")
+    elif probe is not None and _probe_mix(probe, rep, deadline, longest):
+        lap("probe of the chosen mix")
     rep.selection_s = time.perf_counter() - start
     return rep.chosen.plan, rep
 
 
-def _probe_uniform(probe: Probe, rep: PolicyReport, plans: list[Plan], deadline: float | None,
-                   longest: float) -> bool:
-    """Measure the chosen finalist's route with every layer on one policy, for each of `plans`
-    in order (the unpriced policies: _unpriced), each only where the longest probe so far still
-    ends within the deadline; a plan faster beyond a tie (routes.TIE_REL) than the best measured
-    so far (the all-`layer` route, the mix _probe_mix kept, an earlier plan of these) is taken.
-    Whether it ran a probe."""
+def _probe_unpriced(probe: Probe, rep: PolicyReport, plans: list[Plan],
+                    deadline: float | None, longest: float) -> bool:
+    """Where the simulator prices no policy (_priced_none): measure the chosen finalist's route
+    with every layer on one policy, for each of `plans` in order (_hull_fitting), then the
+    MILP's mix where it is not all `layer` and not one of those; each only where the longest
+    probe so far still ends within the deadline. A plan faster beyond a tie (routes.TIE_REL)
+    than the best measured so far (the all-`layer` route, an earlier plan of these) is taken;
+    the MILP's mix, priced by nothing, is kept only so (else every layer on `layer`). The
+    report says what each probe measured and what was left out. Whether it ran a probe."""
     c = rep.chosen
-    if c.route.measured_s is None or not plans:
+    mix = c.activations.plan
+    candidates = plans + ([mix] if set(mix.layer_policies) != {"layer"} and mix not in plans
+                          else [])
+    if c.route.measured_s is None or not candidates:
+        rep.notes.append("no whole plan probed: " + (
+            "no route was measured to compare it with" if c.route.measured_s is None
+            else "no hull policy fits on every layer"))
+        c.activations_rejected = mix in candidates
         return False
-    best_s = (c.plan_measured_s if c.plan_measured_s is not None and not c.activations_rejected
-              else c.route.measured_s)
-    ran = False
-    for plan in plans:
-        name = plan.layer_policies[0]
+    best_s, ran = c.route.measured_s, False
+    for plan in candidates:
+        label = (f"every layer on `{plan.layer_policies[0]}`" if plan is not mix
+                 else "the MILP's policy mix")
         if deadline is not None and time.perf_counter() + longest > deadline:
-            rep.notes.append(f"every layer on `{name}` was not probed: the selection's time limit")
+            rep.notes.append(f"{label} was not probed: the selection's time limit")
             continue
+        t = time.perf_counter()
         measured_s, ran = probe(plan), True
-        c.uniform_probes.append((name, measured_s, best_s))
-        if measured_s is not None and measured_s < best_s * (1 - TIE_REL):
-            c.uniform_taken, best_s = plan, measured_s
+        longest = max(longest, time.perf_counter() - t)
+        taken = measured_s is not None and measured_s < best_s * (1 - TIE_REL)
+        c.unpriced_probes.append((label, measured_s, best_s, taken))
+        if taken:
+            c.unpriced_taken, best_s = plan, measured_s
+    c.activations_rejected = c.unpriced_taken is not mix
     return ran
 
 

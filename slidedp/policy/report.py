@@ -78,10 +78,10 @@ class Finalist:
     activations: ActivationChoice
     plan_measured_s: float | None = None  # probed_mix measured
     activations_rejected: bool = False  # probed_mix measured slower than its all-`layer` route
-    # auto._probe_uniform: (policy on every layer, measured s or None if refused, the best
-    # measured step it was compared with), and the one taken
-    uniform_probes: list[tuple[str, float | None, float]] = field(default_factory=list)
-    uniform_taken: Plan | None = None
+    # auto._probe_unpriced: (what was probed, measured s or None if refused, the best measured
+    # step it was compared with, whether it was taken then), and the plan taken last
+    unpriced_probes: list[tuple[str, float | None, float, bool]] = field(default_factory=list)
+    unpriced_taken: Plan | None = None
 
     @property
     def probed_mix(self) -> Plan:
@@ -94,10 +94,11 @@ class Finalist:
     def plan(self) -> Plan:
         """The plan this finalist stands for: the route with the MILP's policies, unless the
         probes rejected them (then every layer `layer`); a dropped mix that the probe measured
-        faster than all `layer`; a plan of one policy on every layer that its probe measured
-        faster than those (auto._probe_uniform)."""
-        if self.uniform_taken is not None:
-            return self.uniform_taken
+        faster than all `layer` beyond a tie; where the simulator prices no policy, the plan
+        auto._probe_unpriced took (one policy on every layer, or the MILP's mix), else all
+        `layer`."""
+        if self.unpriced_taken is not None:
+            return self.unpriced_taken
         if self.activations_rejected:
             return self.activations.plan.with_overrides(
                 layer_policies=("layer",) * len(self.activations.plan.layer_policies))
@@ -191,9 +192,10 @@ class PolicyReport:
                 f"  {name:<15} retains {a.retained_bytes[name] / GIB:6.3f} GiB/layer, saves "
                 f"{1e3 * (tau0 - tau):+7.2f} ms/layer vs layer ({how}), chosen for "
                 f"{counts.get(name, 0)} layers")
-        if c.uniform_taken is not None:
-            out.append(f"policy mix: every layer `{c.uniform_taken.layer_policies[0]}`, taken by "
-                       "its probe (the simulator prices no policy on this step)")
+        if c.unpriced_taken is not None:
+            label = next(x[0] for x in reversed(c.unpriced_probes) if x[3])
+            out.append(f"policy mix: {label}, taken by its probe (the simulator prices no policy "
+                       "on this step)")
         elif a.dropped is not None and c.plan == a.dropped:
             out.append(f"policy mix: {a.dropped_s:.4g} s/step simulated as a whole plan, "
                        f"{a.all_layer_s - a.dropped_s:+.4g} s against all-`layer` (dropped by the "
@@ -237,12 +239,13 @@ class PolicyReport:
                        f"{c.route.measured_s:.4g} s: "
                        + ("rejected, every layer kept on `layer`" if c.activations_rejected
                           else "kept"))
-        for name, measured_s, against_s in c.uniform_probes:
+        last = max((i for i, x in enumerate(c.unpriced_probes) if x[3]), default=None)
+        for i, (label, measured_s, against_s, taken) in enumerate(c.unpriced_probes):
             if measured_s is None:
-                out.append(f"every layer on `{name}`: the probe refused it (see `probe refused`)")
+                out.append(f"{label}: the probe refused it (see `probe refused`)")
                 continue
-            taken = c.uniform_taken is not None and c.uniform_taken.layer_policies[0] == name
-            out.append(f"every layer on `{name}` measured {measured_s:.4g} s/step on "
-                       f"{self.probe_device}, against {against_s:.4g} s: "
-                       + ("taken" if taken else "not faster beyond a tie"))
+            out.append(f"{label} measured {measured_s:.4g} s/step on {self.probe_device}, "
+                       f"against {against_s:.4g} s: " + (
+                           "taken" if i == last else "faster, then beaten by a later probe"
+                           if taken else "not faster beyond a tie"))
         return out
