@@ -44,6 +44,11 @@
 # 08:29 lease's on anonymous memory while the executor's 8B update ran alike, and the five 8B rows
 # came out 12-16% under-predicted; the profile now times the state on /dev/shm: run the 8B
 # w36/256 rows again beside that profile, import them on it, and see whether the error closes);
+# then, on the same lease, issue 8's 8B case with the whole-plan probes of unpriced policies (since
+# 232c9d2; not yet on a GPU): `slidedp plan --hardware THAT_PROFILE --model qwen3-8b --gpus 1 --seq
+# 4096 --micro-batch 4 --probe --device cuda --out OUT/ap/plan.toml` and confirm_sweep.py
+# benchmarks/results/2026-12-01-h200-autopolicy-8b-mb4-0829/sweep.jsonl OUT/ap/confirm.jsonl
+# --plan OUT/ap/plan.toml --top 1 in one call (~8 min; does it take `sac`, within 60 s?);
 # `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on a profile that measures the
 # dispatch gaps; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2
 # (issue 8 on the second kind); `x4` / x8 when lent (issue 7).
