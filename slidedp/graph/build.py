@@ -89,6 +89,8 @@ def host_sum_bytes_per_elem(ranks: int) -> int:
     each reading two chunks and writing one (staging.add_chunks), then the sum's squares for the
     gradient norm (one more read: engine._run_host_sum)."""
     return FP32_BYTES * (3 * (ranks - 1) + 1)
+
+
 _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
 
 

@@ -17,8 +17,9 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        matter, not the whole shortlist. With probes, where the simulator prices no policy on
        the best simulated finalist (host-bound), nothing is measured per layer: the MILP's pick
        among equal costs says nothing then, and per-layer savings do not add up on such a step
-       (_priced_none); whole plans are probed instead (below). The simulations of these stages (tens of plans, ~0.2 s each at 8B) run several
-       at once in worker processes (sim/batch.py StepTimes).
+       (_priced_none); whole plans are probed instead (below). The simulations of these
+       stages (tens of plans, ~0.2 s each at 8B) run several at once in worker processes
+       (sim/batch.py StepTimes).
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a
        budget tightened by BUDGET_TIGHTEN per try, at most MAX_RESOLVES times; then fall back to
        the conservative plan: every layer `layer`, offload ratio raised through OFFLOAD_STEPS
@@ -73,6 +74,7 @@ from slidedp.policy.routes import (
     Scored,
     best_first,
     candidates,
+    fits,
     rank,
     window_candidates,
 )
@@ -239,14 +241,6 @@ def _hull_fitting(finalist: Finalist, profiles: list[PolicyProfile]) -> list[str
     return [p.name for p in sorted(fits, key=lambda p: p.recompute_fraction)][:UNPRICED_POLICIES]
 
 
-def _fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> bool:
-    try:
-        check_fits(hw, wl, plan)
-        return True
-    except InfeasiblePlan:
-        return False
-
-
 def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
                 notes: list[str]) -> dict[str, float]:
     """Measured marginal seconds per layer over `layer` for `names`, where the probe gives one."""
@@ -388,7 +382,7 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
         route = rep.chosen.route.plan
         plans = [replace(route, layer_policies=(n,) * wl.model.n_layers)
                  for n in _hull_fitting(rep.chosen, profiles)]
-        if _probe_unpriced(probe, rep, [q for q in plans if _fits(hw, wl, q)], deadline, longest):
+        if _probe_unpriced(probe, rep, [q for q in plans if fits(hw, wl, q)], deadline, longest):
             lap("probes of whole plans")
     elif probe is not None and _probe_mix(probe, rep, deadline, longest):
         lap("probe of the chosen mix")

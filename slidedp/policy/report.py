@@ -84,6 +84,11 @@ class Finalist:
     unpriced_taken: Plan | None = None
 
     @property
+    def last_taken_probe(self) -> int | None:
+        """The index in unpriced_probes of the probe whose plan is unpriced_taken."""
+        return max((i for i, x in enumerate(self.unpriced_probes) if x[3]), default=None)
+
+    @property
     def probed_mix(self) -> Plan:
         """The mix a probe measures: the one the whole-plan simulation dropped where there is
         one (auto._probe_mix probes it only where a policy of it has a measured cost), else the
@@ -193,7 +198,7 @@ class PolicyReport:
                 f"{1e3 * (tau0 - tau):+7.2f} ms/layer vs layer ({how}), chosen for "
                 f"{counts.get(name, 0)} layers")
         if c.unpriced_taken is not None:
-            label = next(x[0] for x in reversed(c.unpriced_probes) if x[3])
+            label = c.unpriced_probes[c.last_taken_probe][0]
             out.append(f"policy mix: {label}, taken by its probe (the simulator prices no policy "
                        "on this step)")
         elif a.dropped is not None and c.plan == a.dropped:
@@ -239,7 +244,7 @@ class PolicyReport:
                        f"{c.route.measured_s:.4g} s: "
                        + ("rejected, every layer kept on `layer`" if c.activations_rejected
                           else "kept"))
-        last = max((i for i, x in enumerate(c.unpriced_probes) if x[3]), default=None)
+        last = c.last_taken_probe
         for i, (label, measured_s, against_s, taken) in enumerate(c.unpriced_probes):
             if measured_s is None:
                 out.append(f"{label}: the probe refused it (see `probe refused`)")

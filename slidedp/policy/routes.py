@@ -73,7 +73,8 @@ class Scored:
         return self.simulated_s if self.simulated_s is not None else self.analytic_s
 
 
-def _fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> bool:
+def fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> bool:
+    """Whether `plan` fits GPU and host memory (model/memory.py check_fits)."""
     try:
         check_fits(hw, wl, plan)
     except InfeasiblePlan:
@@ -87,7 +88,7 @@ def window_candidates(hw: HardwareSpec, wl: Workload, base: Plan) -> list[int]:
     all_layer = replace(base, layer_policies=("layer",) * wl.model.n_layers)
     top = max(MIN_WINDOW, wl.model.n_layers)
     largest = next((w for w in range(top, MIN_WINDOW - 1, -1)
-                    if _fits(hw, wl, replace(all_layer, window_slots=w))), None)
+                    if fits(hw, wl, replace(all_layer, window_slots=w))), None)
     if largest is None:  # nothing fits: rank() drops every candidate and says so upstream
         return [base.window_slots]
     return sorted({base.window_slots, (base.window_slots + largest) // 2, largest})
