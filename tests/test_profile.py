@@ -21,6 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slidedp.commands import profile as profile_cmd
 from slidedp.exec.host_state import SHM_DIR
@@ -33,10 +35,10 @@ from slidedp.profile.assemble import Assembler, unmeasured
 from slidedp.profile.compute import LayerTiming, build_layer, forward, one_layer_config, rope
 from slidedp.profile.fabric import LATENCY_BYTES, fabric_kind, gpu_link_matrix
 from slidedp.profile.machine import Machine, probe_machine
-from slidedp.profile.run import Request, Results
+from slidedp.profile.run import HOST_KERNELS, Profiler, Request, Results
 from slidedp.profile.sizes import MIB, Sizes
-from slidedp.profile.summary import summary
-from slidedp.profile.timing import run_together
+from slidedp.profile.summary import rounds_line, summary
+from slidedp.profile.timing import Rounds, run_together
 from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, load_hardware, parse_hardware, preset_dir
@@ -245,6 +247,89 @@ def test_run_together_starts_bodies_together_and_never_hangs_on_a_failure():
                                                    "the test run"))
         assert isinstance(err, RuntimeError) and "the test run failed" in str(err), bad
         assert isinstance(err.__cause__, cause), bad
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.1, 100.0), min_size=1, max_size=7), st.floats(0.1, 10.0))
+def test_rounds_median_and_spread(rates, scale):
+    """A rate's median lies among its rounds; the spread is max / min - 1 of the worst key, does
+    not move with the unit, and keys never sampled count for nothing."""
+    rounds = Rounds()
+    for x in rates:
+        rounds.add(("adam", 4), x * scale)
+    rounds.add(("copy", 4), 1.0)
+    assert min(rates) * scale <= rounds.median(("adam", 4)) <= max(rates) * scale
+    want = max(rates) / min(rates) - 1
+    assert rounds.spread([("adam", 4), ("copy", 4), ("cast", 4)]) == pytest.approx(want)
+    assert rounds.spread([("cast", 4)]) == 0.0
+
+
+class _ScriptedBench:
+    """host.HostBench / CastChunkBench stand-in: every rate reads 10 (x 1e9) except in the second
+    round, which reads 2 (a burst of load elsewhere); records each call's round and warm-up."""
+
+    def __init__(self, *args, **kwargs):
+        self.warmup, self.calls = None, []
+        self.slots, self.pinned, self.src_elems = 2, False, 1
+
+    def _rate(self, *args, **kwargs) -> float:
+        self.calls.append(self.warmup)
+        return 2e9 if len(self.calls) in self.second_round else 10e9
+
+    dram_bps = cast_elems_per_s = adam_params_per_s = elems_per_s = _rate
+
+    def teams_bps(self, *args) -> tuple[float, float]:
+        return 100e9, 30e9
+
+    def repeats_for(self, n: int) -> int:
+        return 3
+
+    def close(self) -> None:
+        pass
+
+
+def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
+    """Each host rate is the median of one sample per round, the rounds interleaved over the
+    thread counts (a burst of load costs one round, not the rate); only the first round warms
+    up; the source line and the summary say how far the rounds differed."""
+    sizes = dataclasses.replace(TINY, repeats=3, warmup=2)
+    machine = dataclasses.replace(FAKE, gpu_count=0)
+    benches = []
+
+    def bench(per_call: int):
+        def make(*args, **kwargs):
+            b = _ScriptedBench()
+            n = len(sizes.threads(machine.cores)) * per_call  # calls in a round
+            b.second_round = range(n + 1, 2 * n + 1)
+            benches.append(b)
+            return b
+        return make
+
+    monkeypatch.setattr(host_mod, "HostBench", bench(len(HOST_KERNELS)))
+    monkeypatch.setattr(host_mod, "CastChunkBench", bench(len(sizes.chunk_mib)))
+    req = Request(sizes, (), (), (), "", None)
+    prof = Profiler(machine, req)
+    steps = prof.steps()
+    names = [s.name for s in steps if "round" in s.name and "at " in s.name]
+    threads = sizes.threads(machine.cores)
+    assert names[:len(threads)] == [f"host copy, cast, adam at {n} threads, round 1 of 3"
+                                    for n in threads]
+    for step in steps:
+        step.run()
+    res = prof.res
+    for rates in (res.dram_bps, res.cast_elems_per_s, res.adam_params_per_s,
+                  res.adam_bf16_grad_params_per_s):
+        assert rates == {n: 10e9 for n in threads}
+    assert set(res.cast_chunk_elems_per_s.values()) == {10e9}
+    for b in benches:
+        first = len(b.calls) // 3
+        assert b.calls[:first] == [2] * first and set(b.calls[first:]) == {0}
+    doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
+    assert "median of 3 rounds over the thread counts" in doc["host"]["sources"]["adam_gparam_per_s"]
+    assert "rounds differed by up to 400%" in doc["host"]["sources"]["cast_chunk_gelem_per_s"]
+    line = rounds_line(req, res)
+    assert "400% (adam)" in line and "Profile again" in line
+    assert "Profile again" not in rounds_line(req, Results(threads=threads))
 
 
 def test_memory_cap_with_dma_is_parsed(tmp_path):

@@ -126,6 +126,28 @@ def test_cli_refuses_zero_runs(tmp_path, capsys):
     assert "--runs" in capsys.readouterr().err and not (tmp_path / "tiny-r1").exists()
 
 
+def test_cli_select_measures_only_the_matching_cases(tmp_path, monkeypatch, capsys):
+    """--select picks cases of the file by name (one device call can run part of a matrix); a
+    glob matching none is an error naming the option, before anything runs."""
+    from slidedp.validate import measure as measure_mod
+
+    f = tmp_path / "cases.toml"
+    f.write_text(TINY)
+    ran = []
+
+    def fake(cases, root, **kwargs):
+        ran.append(([c.name for c in cases], kwargs["command"]))
+        return [c.name for c in cases]  # all failed: nothing to predict
+
+    monkeypatch.setattr(measure_mod, "measure_cases", fake)
+    argv = ["validate", "--hardware", "h200x2", "--cases", str(f), "--out", str(tmp_path / "v"),
+            "--device", "cpu"]
+    main([*argv, "--select", "*-r2"])
+    assert ran == [(["tiny-r2"], ran[0][1])] and "--select '*-r2'" in ran[0][1]
+    assert main([*argv, "--select", "nothing*"]) == 2
+    assert len(ran) == 1 and "--select" in capsys.readouterr().err
+
+
 def test_import_writes_the_stored_cases(tmp_path):
     # a copy of the provenance file beside copies of the results: paths resolve against it
     (tmp_path / "validation").mkdir()

@@ -2,7 +2,7 @@
 and simulated predictions (slidedp/validate/).
 
     slidedp validate --hardware PROFILE.toml --cases CASES.toml [--out validation] [--device cuda]
-                     [--iters 15 --discard 8 --runs 2] [--machine NAME]
+                     [--iters 15 --discard 8 --runs 2] [--machine NAME] [--select 'h200m-4b-*']
     slidedp validate --predict-only [--hardware NEW.toml] [--select 'h200x2-*'] [--out validation]
     slidedp validate --import-results validation/imports.toml [--out validation]
 
@@ -12,6 +12,7 @@ Each run ends by rewriting SUMMARY.md and summary.csv over every stored case und
 from __future__ import annotations
 
 import argparse
+from fnmatch import fnmatch
 from pathlib import Path
 
 from slidedp.spec.errors import SpecError
@@ -41,14 +42,16 @@ def register(sub) -> None:
                       help="recompute the predictions of stored cases; run nothing")
     mode.add_argument("--import-results", metavar="PROVENANCE.toml",
                       help="turn earlier benchmark results into stored cases (slidedp/validate/importer.py)")
-    p.add_argument("--select", default="*", help="--predict-only: case folders matching this glob")
+    p.add_argument("--select", default="*", help="only the cases whose names match this glob (of "
+                   "the cases file; with --predict-only, of the stored case folders)")
     p.set_defaults(func=run)
 
 
 def command_line(a: argparse.Namespace) -> str:
     line = (f"slidedp validate --hardware {a.hardware} --cases {a.cases} --out {a.out} --device "
             f"{a.device} --iters {a.iters} --discard {a.discard} --runs {a.runs}")
-    return line + (f" --machine {a.machine}" if a.machine else "")
+    line += f" --machine {a.machine}" if a.machine else ""
+    return line + (f" --select '{a.select}'" if a.select != "*" else "")
 
 
 def print_summary(root: Path, rows: list[dict]) -> None:
@@ -93,6 +96,9 @@ def measure(a: argparse.Namespace, root: Path) -> list[str]:
     if a.runs < 1:
         raise SpecError("command line", "--runs", f"a positive integer, got {a.runs}")
     hw, cases = load_hardware(a.hardware), load_cases(a.cases)
+    cases = [c for c in cases if fnmatch(c.name, a.select)]
+    if not cases:
+        raise SpecError("--select", a.select, f"a glob matching case names of {a.cases}")
     check_devices(cases, a.device, a.cases)
     for i, c in enumerate(cases):  # a case the hardware cannot hold fails here, before any run
         try:

@@ -277,10 +277,14 @@ class Assembler:
         def curve(rates: dict[int, float]) -> str:
             return ", ".join(f"{n} thr {rates[n] / 1e9:.2f}" for n in res.threads)
 
-        sample = (f" samples of at least {s.host_sample_s:g} s (the kernel repeated)"
-                  if s.host_sample_s else "")
-        pool = ("torch.set_num_threads, threads not pinned (OpenMP placement), median of "
-                f"{s.repeats}{sample} after {s.warmup} warm-up")
+        sample = (f"a sample of at least {s.host_sample_s:g} s (the kernel repeated)"
+                  if s.host_sample_s else "one run")
+
+        def pool(kernel: str) -> str:
+            spread = res.host_rounds.spread([(kernel, n) for n in res.threads])
+            return ("torch.set_num_threads, threads not pinned (OpenMP placement), median of "
+                    f"{s.repeats} rounds over the thread counts, each {sample} after "
+                    f"{s.warmup} warm-up (a rate's rounds differed by up to {spread:.0%})")
         adam_top = res.adam_params_per_s[res.threads[-1]]
         # DRAM capacity: the most traffic any measured kernel moved. A plain copy undercounts
         # (its writes also read the line first), so the Adam or cast traffic can exceed it; a
@@ -313,20 +317,20 @@ class Assembler:
                     f"measured: the largest DRAM traffic of the measured kernels, from {dram_from} "
                     f"({traffic} GB/s); copy = torch copy_ of a {mib} MiB FP32 "
                     f"buffer, (bytes read + written) / time, best over threads ({best}); GB/s: "
-                    f"{curve(res.dram_bps)}; " + pool),
+                    f"{curve(res.dram_bps)}; " + pool("copy")),
                 "cast_gelem_per_s": m.source(
                     f"measured: torch copy_ FP32 -> BF16 of {mib} MiB of FP32, elements / time; "
-                    + pool),
+                    + pool("cast")),
                 "adam_gparam_per_s": m.source(
                     "measured: torch fused CPU AdamW (slidedp.exec.adamw.adamw_chunk, as "
                     f"torch.optim.AdamW(fused=True)) on {mib // 4}M FP32 parameters with an FP32 "
                     "gradient (as the GPU widened it: plan.grad_widen = gpu), params / time; "
-                    f"{pool}; at {res.threads[-1]} threads "
+                    f"{pool('adam')}; at {res.threads[-1]} threads "
                     f"{adam_top * ADAM_DRAM_BYTES_PER_PARAM / GB:.0f} GB/s of state traffic"),
                 "adam_bf16_grad_gparam_per_s": m.source(
                     f"measured: the same Adam on a BF16 gradient, widened {WIDEN_BLOCK} elements "
                     "at a time in cache (slidedp.exec.adamw.adamw_chunk, as plan.grad_widen = "
-                    f"host runs it), params / time; {pool}"),
+                    f"host runs it), params / time; {pool('adam bf16 grad')}"),
                 "adam_dram_bytes_per_param": "derived: read p, m, v, g and write p, m, v, "
                                              "FP32 (7 x 4 B)",
                 "cast_dram_bytes_per_elem": "derived: read 4 B FP32, write 2 B BF16",
@@ -374,12 +378,16 @@ class Assembler:
                     + ("pinned with cudaHostRegister, as the executor's staging ring"
                        if res.cast_chunk_pinned else "not pinned (no CUDA)"))
             reps = ", ".join(f"{c // MIB} MiB {res.cast_chunk_repeats[c]}" for c in chunks)
+            spread = res.host_rounds.spread([("cast chunk", c, n) for c in chunks
+                                             for n in res.threads])
             t["sources"]["cast_chunk_gelem_per_s"] = m.source(
                 "measured: torch copy_ FP32 -> BF16 of one chunk (chunk_mib = its BF16 size, "
                 "chunk_mib MiB / 2 B elements; the PCIe chunk sizes) from a slice rotating "
                 f"through a {res.cast_chunk_src_bytes // MIB} MiB FP32 buffer into {ring}, "
                 f"elements / time of one chunk; torch.set_num_threads, threads not pinned (OpenMP "
-                f"placement), median of {reps} chunks after {s.warmup} warm-up")
+                f"placement), median of {s.repeats} rounds over the thread counts, each the "
+                f"median of {reps} chunks after {s.warmup} warm-up (a rate's rounds differed by "
+                f"up to {spread:.0%})")
         return t
 
     @staticmethod

@@ -23,11 +23,13 @@ from slidedp.exec.policy_profile import profile_layer_policy
 from slidedp.profile import agents, compute, fabric, host, pcie
 from slidedp.profile.machine import Machine
 from slidedp.profile.sizes import MIB, Sizes
+from slidedp.profile.timing import Rounds
 from slidedp.spec.model import ACTIVATION_POLICIES, BF16, FP32, ModelSpec
 from slidedp.spec.plan import Plan, team_cores
 
 SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the longest under load
 MAX_SUSTAINED_ITERS = 5000
+HOST_KERNELS = ("copy", "cast", "adam", "adam bf16 grad")  # Results.host_rounds' kernel names
 TEAMS_S_PER_REPEAT = 0.25  # the teams-at-once run: 0.75 s at the quick profile's 3 repeats
 
 COLLECTIVE_TIMEOUT_S = 300
@@ -51,6 +53,9 @@ class Results:
     cast_elems_per_s: dict[int, float] = field(default_factory=dict)
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
     adam_bf16_grad_params_per_s: dict[int, float] = field(default_factory=dict)
+    # the samples of those four and of the cast by chunk size, one per round (timing.Rounds):
+    # keys (kernel, threads) with kernel in HOST_KERNELS, ("cast chunk", chunk bytes, threads)
+    host_rounds: Rounds = field(default_factory=Rounds)
     # the cast and update teams at once: (cast threads, update threads, DRAM bytes/s, the cast
     # team's bytes/s)
     dram_teams: tuple[int, int, float, float] | None = None
@@ -120,15 +125,27 @@ class Profiler:
     # ---- host ------------------------------------------------------------------------------
 
     def _host_steps(self) -> list[Step]:
+        """The host rates in `repeats` rounds over the thread counts, one sample of each kernel at
+        each count per round (timing.Rounds; the warm-up runs in the first round only), then each
+        rate's median over the rounds."""
         r, s = self.res, self.s
         r.host_bytes = s.host_bytes(self.m.llc_bytes, self.m.ram_bytes)
         r.threads = s.threads(self.m.cores)
 
-        def measure(n: int):
-            r.dram_bps[n] = self._host.dram_bps(n)
-            r.cast_elems_per_s[n] = self._host.cast_elems_per_s(n)
-            r.adam_params_per_s[n] = self._host.adam_params_per_s(n)
-            r.adam_bf16_grad_params_per_s[n] = self._host.adam_params_per_s(n, bf16_grad=True)
+        def sample(n: int, k: int):
+            h, add = self._host, r.host_rounds.add
+            h.warmup = s.warmup if k == 0 else 0  # the buffers and each pool size are warm after
+            add(("copy", n), h.dram_bps(n))
+            add(("cast", n), h.cast_elems_per_s(n))
+            add(("adam", n), h.adam_params_per_s(n))
+            add(("adam bf16 grad", n), h.adam_params_per_s(n, bf16_grad=True))
+
+        def medians():
+            for n in r.threads:
+                for kernel, rates in zip(HOST_KERNELS, (r.dram_bps, r.cast_elems_per_s,
+                                                        r.adam_params_per_s,
+                                                        r.adam_bf16_grad_params_per_s), strict=True):
+                    rates[n] = r.host_rounds.median((kernel, n))
 
         team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
 
@@ -137,14 +154,15 @@ class Profiler:
                             *self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats))
 
         steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host)]
-        steps += [Step(f"host copy, cast, adam at {n} threads", lambda n=n: measure(n))
-                  for n in r.threads]
-        steps.append(Step(f"cast and update teams of {team} threads at once", teams))
+        steps += [Step(f"host copy, cast, adam at {n} threads, round {k + 1} of {s.repeats}",
+                       lambda n=n, k=k: sample(n, k)) for k in range(s.repeats) for n in r.threads]
+        steps += [Step("host rates: medians over the rounds", medians),
+                  Step(f"cast and update teams of {team} threads at once", teams)]
         return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
 
     def _alloc_host(self) -> None:
-        s = self.s
-        self._host = host.HostBench(self.res.host_bytes, s.warmup, s.repeats, s.host_sample_s)
+        s = self.s  # one timed sample per call: the rounds are the repeats
+        self._host = host.HostBench(self.res.host_bytes, s.warmup, 1, s.host_sample_s)
 
     def _free_host(self) -> None:
         self._host = None
@@ -162,14 +180,21 @@ class Profiler:
             r.cast_chunk_slots, r.cast_chunk_pinned = self._cast.slots, self._cast.pinned
             r.cast_chunk_repeats = {c: self._cast.repeats_for(c // BF16) for c in chunks}
 
-        def measure(n: int):
+        def sample(n: int, k: int):
+            self._cast.warmup = s.warmup if k == 0 else 0
             for c in chunks:
-                r.cast_chunk_elems_per_s[(c, n)] = self._cast.elems_per_s(c // BF16, n)
+                r.host_rounds.add(("cast chunk", c, n), self._cast.elems_per_s(c // BF16, n))
+
+        def medians():
+            for n in r.threads:
+                for c in chunks:
+                    r.cast_chunk_elems_per_s[(c, n)] = r.host_rounds.median(("cast chunk", c, n))
 
         steps = [Step("allocate the cast source and " + ("pinned " if pin else "")
                       + "staging ring", alloc)]
-        steps += [Step(f"cast by chunk size at {n} threads", lambda n=n: measure(n))
-                  for n in r.threads]
+        steps += [Step(f"cast by chunk size at {n} threads, round {k + 1} of {s.repeats}",
+                       lambda n=n, k=k: sample(n, k)) for k in range(s.repeats) for n in r.threads]
+        steps.append(Step("cast by chunk size: medians over the rounds", medians))
         return [*steps, Step("free the cast buffers", self._free_cast)]
 
     def _free_cast(self) -> None:

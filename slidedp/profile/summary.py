@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from slidedp.profile.agents import LAYERS
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes
-from slidedp.profile.run import Request, Results
+from slidedp.profile.run import HOST_KERNELS, Request, Results
 from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
 
 GB = 1e9
 MIB = 2**20
+UNSTEADY = 0.10  # a host rate whose rounds differ by more than this gets a warning
 
 
 def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
@@ -21,6 +22,22 @@ def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
     w = [max(len(r[i]) for r in cols) for i in range(len(head))]
     fmt = "  ".join(f"{{:>{n}}}" for n in w)
     return "\n".join([title, fmt.format(*head), *(fmt.format(*r) for r in rows)])
+
+
+def rounds_line(req: Request, res: Results) -> str:
+    """How far the host rates' rounds differed, per kernel; a warning above UNSTEADY."""
+    kernels = {k: [(k, n) for n in res.threads] for k in HOST_KERNELS}
+    chunks = sorted({c for c, _ in res.cast_chunk_elems_per_s})
+    if chunks:
+        kernels["cast chunk"] = [("cast chunk", c, n) for c in chunks for n in res.threads]
+    spread = {k: res.host_rounds.spread(keys) for k, keys in kernels.items()}
+    line = (f"host rates: medians of {req.sizes.repeats} rounds; the rounds differed by up to "
+            + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
+    if max(spread.values()) > UNSTEADY:
+        line += (f". Above {UNSTEADY:.0%}: something else loaded this machine's CPUs or memory "
+                 "while it was measured; the host figures may read low. Profile again when it is "
+                 "idle, or take the full profile (more rounds, longer samples)")
+    return line
 
 
 def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
@@ -34,6 +51,7 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
           f"{res.adam_params_per_s[n] * spec.host.adam_dram_bytes_per_param / GB:.1f}",
           f"{res.adam_bf16_grad_params_per_s[n] / 1e9:.2f}"]
          for n in res.threads])]
+    parts.append(rounds_line(req, res))
     if res.dram_teams is not None:
         ct, ut, bps, cast_bps = res.dram_teams
         line = (f"host memory traffic: cast {ct} + update {ut} threads at once {bps / GB:.1f} GB/s"

@@ -7,6 +7,9 @@ before it stops, a sample repeating the call for at least `min_s` when given. `c
 times work that `fn` enqueues on the current CUDA stream with CUDA events recorded around it on
 that stream: the GPU time of that work, with the host's launch time hidden when the queue runs
 ahead. `run_together` runs bodies in threads of their own whose measured parts start together.
+`Rounds` keeps rates sampled once per round of a sweep (the host rates against thread count):
+each rate's samples then lie seconds apart, so a burst of load from elsewhere on a shared machine
+costs one sample of a rate, not its whole median, and the rounds' spread says how steady it was.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -61,6 +65,25 @@ def cuda_median_s(fn: Callable[[], object], warmup: int, repeats: int) -> float:
         events.append((start, end))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in events) / 1e3
+
+
+class Rounds:
+    """Rates by key, one sample per round (module docstring)."""
+
+    def __init__(self) -> None:
+        self.samples: dict[Hashable, list[float]] = defaultdict(list)
+
+    def add(self, key: Hashable, rate: float) -> None:
+        self.samples[key].append(rate)
+
+    def median(self, key: Hashable) -> float:
+        return statistics.median(self.samples[key])
+
+    def spread(self, keys: Sequence[Hashable]) -> float:
+        """The largest max / min - 1 of one key's rounds over `keys` (those sampled): 0.25 = some
+        rate's rounds differed by 25%."""
+        return max((max(v) / min(v) - 1 for k in keys
+                    if (v := self.samples.get(k)) and min(v) > 0), default=0.0)
 
 
 def run_together(bodies: Sequence[Callable[[Callable[[], None]], None]], what: str) -> None:
