@@ -292,7 +292,7 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     """Each host rate is the median of one sample per round, the rounds interleaved over the
     thread counts (a burst of load costs one round, not the rate); only the first round warms
     up; the source line and the summary say how far the rounds differed."""
-    sizes = dataclasses.replace(TINY, repeats=3, warmup=2)
+    sizes = dataclasses.replace(TINY, repeats=5, host_rounds=3, warmup=2)
     machine = dataclasses.replace(FAKE, gpu_count=0)
     benches = []
 
@@ -397,7 +397,17 @@ def test_without_base_fails_before_measuring(tmp_path):
     assert not out.exists()
 
 
+def test_host_rounds_option_sets_the_rounds(tmp_path, monkeypatch):
+    out = tmp_path / "rounds.toml"
+    assert _profile(tmp_path, monkeypatch, "--out", str(out), "--base", "h200x1",
+                    "--host-rounds", "4") == 0
+    host = tomllib.loads(out.read_text())["host"]
+    assert "median of 4 rounds over the thread counts" in host["sources"]["adam_gparam_per_s"]
+
+
 def test_bad_options_are_spec_errors(tmp_path, monkeypatch):
+    with pytest.raises(SpecError, match="--host-rounds"):
+        _profile(tmp_path, monkeypatch, "--out", str(tmp_path / "x.toml"), "--host-rounds", "0")
     with pytest.raises(SpecError, match="--micro-batch"):
         _profile(tmp_path, monkeypatch, "--out", str(tmp_path / "x.toml"), "--micro-batch", "0")
     with pytest.raises(SpecError, match="--hardware|preset"):

@@ -8,6 +8,7 @@ is missing, raised before anything is measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -33,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--micro-batch", type=int, nargs="+",
                    help="micro-batches of the layer timing (default 1 4 16; --quick 1 4)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and threads: under a minute")
+    p.add_argument("--host-rounds", type=int, help="rounds of the host rates over the thread "
+                   "counts, each rate the median of its rounds (default: 3 with --quick, else 7); "
+                   "more on a machine whose host speed drifts")
     p.add_argument("--name", help="the hardware's name (default: the --out file's stem)")
     p.add_argument("--base", help="hardware preset or TOML for what this machine cannot measure")
     p.set_defaults(func=run)
@@ -61,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     for v in args.micro_batch or ():
         positive(v, "--micro-batch")
     sizes = sizes_mod.QUICK if args.quick else sizes_mod.FULL
+    if positive(args.host_rounds, "--host-rounds"):
+        sizes = dataclasses.replace(sizes, host_rounds=args.host_rounds)
     micro_batches = tuple(args.micro_batch or sizes.micro_batches)
     name = args.name or Path(args.out).stem
     base = load_hardware(args.base) if args.base else None

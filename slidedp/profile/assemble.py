@@ -283,8 +283,9 @@ class Assembler:
         def pool(kernel: str) -> str:
             spread = res.host_rounds.spread([(kernel, n) for n in res.threads])
             return ("torch.set_num_threads, threads not pinned (OpenMP placement), median of "
-                    f"{s.repeats} rounds over the thread counts, each {sample} after "
-                    f"{s.warmup} warm-up (a rate's rounds differed by up to {spread:.0%})")
+                    f"{s.host_round_count} rounds over the thread counts, each {sample}, the "
+                    f"first after {s.warmup} warm-up (a rate's rounds differed by up to "
+                    f"{spread:.0%})")
         adam_top = res.adam_params_per_s[res.threads[-1]]
         # DRAM capacity: the most traffic any measured kernel moved. A plain copy undercounts
         # (its writes also read the line first), so the Adam or cast traffic can exceed it; a
@@ -385,9 +386,9 @@ class Assembler:
                 "chunk_mib MiB / 2 B elements; the PCIe chunk sizes) from a slice rotating "
                 f"through a {res.cast_chunk_src_bytes // MIB} MiB FP32 buffer into {ring}, "
                 f"elements / time of one chunk; torch.set_num_threads, threads not pinned (OpenMP "
-                f"placement), median of {s.repeats} rounds over the thread counts, each the "
-                f"median of {reps} chunks after {s.warmup} warm-up (a rate's rounds differed by "
-                f"up to {spread:.0%})")
+                f"placement), median of {s.host_round_count} rounds over the thread counts, each "
+                f"the median of {reps} chunks, the first after {s.warmup} warm-up (a rate's "
+                f"rounds differed by up to {spread:.0%})")
         return t
 
     @staticmethod

@@ -125,7 +125,7 @@ class Profiler:
     # ---- host ------------------------------------------------------------------------------
 
     def _host_steps(self) -> list[Step]:
-        """The host rates in `repeats` rounds over the thread counts, one sample of each kernel at
+        """The host rates in `host_round_count` rounds over the thread counts, one sample of each kernel at
         each count per round (timing.Rounds; the warm-up runs in the first round only), then each
         rate's median over the rounds."""
         r, s = self.res, self.s
@@ -154,8 +154,9 @@ class Profiler:
                             *self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats))
 
         steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host)]
-        steps += [Step(f"host copy, cast, adam at {n} threads, round {k + 1} of {s.repeats}",
-                       lambda n=n, k=k: sample(n, k)) for k in range(s.repeats) for n in r.threads]
+        rounds = s.host_round_count
+        steps += [Step(f"host copy, cast, adam at {n} threads, round {k + 1} of {rounds}",
+                       lambda n=n, k=k: sample(n, k)) for k in range(rounds) for n in r.threads]
         steps += [Step("host rates: medians over the rounds", medians),
                   Step(f"cast and update teams of {team} threads at once", teams)]
         return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
@@ -192,8 +193,9 @@ class Profiler:
 
         steps = [Step("allocate the cast source and " + ("pinned " if pin else "")
                       + "staging ring", alloc)]
-        steps += [Step(f"cast by chunk size at {n} threads, round {k + 1} of {s.repeats}",
-                       lambda n=n, k=k: sample(n, k)) for k in range(s.repeats) for n in r.threads]
+        rounds = s.host_round_count
+        steps += [Step(f"cast by chunk size at {n} threads, round {k + 1} of {rounds}",
+                       lambda n=n, k=k: sample(n, k)) for k in range(rounds) for n in r.threads]
         steps.append(Step("cast by chunk size: medians over the rounds", medians))
         return [*steps, Step("free the cast buffers", self._free_cast)]
 

@@ -13,7 +13,10 @@ profile's buffers take ~40 ms an Adam pass: single passes read up to 31% apart b
 of one machine kind, 2026-11-30), and the host rates are sampled in `repeats` rounds over the
 thread counts, each rate the median of its rounds (timing.Rounds: on 2026-12-01 a quick profile
 whose samples of one rate ran back to back read the cast at 16 threads 15% below 12 threads,
-and its host figures 20% below what the executor then ran at on the same machine).
+and its host figures 20% below what the executor then ran at on the same machine; `slidedp
+profile --host-rounds N` takes more rounds, i.e. a longer average, on a machine whose host speed
+drifts: two quick profiles 3 minutes apart on one nvidia-h200 lease read AdamW at 12 threads
+4.55 and 3.51 Gparam/s, their rounds up to 46% apart).
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class Sizes:
     sustained_s: float = 1.5  # back-to-back layer fwd + bwd per (model, seq, micro-batch) point
     sustained_min_iters: int = 6  # ... and at least this many iterations per policy
     host_sample_s: float = 0.0  # a timed host-rate sample repeats its kernel for at least this
+    host_rounds: int = 0  # rounds of the host rates over the thread counts (0: `repeats`)
+
+    @property
+    def host_round_count(self) -> int:
+        return self.host_rounds or self.repeats
 
     def host_bytes(self, llc_bytes: int, ram_bytes: float) -> int:
         want = max(self.host_floor_bytes, int(self.llc_multiple * llc_bytes))
