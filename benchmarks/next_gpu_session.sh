@@ -38,20 +38,16 @@
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-# Left after the 2026-12-01 12:46-13:18 calls (adam-llc, grad_buffers=3 and the 8B AutoPolicy
-# runs are done: benchmarks/RESULTS.md), in order: on any H200, `mem-kind` and a `slidedp
-# profile --quick` in one call (issue 6: the 13:09 lease's profile timed AdamW 44% faster than the
-# 08:29 lease's on anonymous memory while the executor's 8B update ran alike, and the five 8B rows
-# came out 12-16% under-predicted; the profile now times the state on /dev/shm: run the 8B
-# w36/256 rows again beside that profile, import them on it, and see whether the error closes);
-# then, on the same lease, issue 8's 8B case with the whole-plan probes of unpriced policies (since
-# 232c9d2; not yet on a GPU): `slidedp plan --hardware THAT_PROFILE --model qwen3-8b --gpus 1 --seq
-# 4096 --micro-batch 4 --probe --device cuda --out OUT/ap/plan.toml` and confirm_sweep.py
-# benchmarks/results/2026-12-01-h200-autopolicy-8b-mb4-0829/sweep.jsonl OUT/ap/confirm.jsonl
-# --plan OUT/ap/plan.toml --top 1 in one call (~8 min; does it take `sac`, within 60 s?);
-# `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on a profile that measures the
-# dispatch gaps; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2
-# (issue 8 on the second kind); `x4` / x8 when lent (issue 7).
+#   bash benchmarks/next_gpu_session.sh h200-drift OUT # nvidia-h200 (~5 min): two profiles with
+#                                                      #   --host-rounds 9 and the matrix's 4B cases
+#                                                      #   between them
+# Left after the 2026-12-01 14:53-15:25 calls (mem-kind, the 8B AutoPolicy run with the whole-plan
+# probes and the h200 matrix are done: benchmarks/RESULTS.md), in order: `h200-drift` on any H200
+# (issue 6: two 3-round quick profiles 3 minutes apart on one lease read AdamW 30% apart and put
+# the same host-bound cases at 14% and 5% max error; does a longer average of the host rates make
+# two profiles agree within 5%?); `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on
+# a profile that measures the dispatch gaps; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4`
+# and `ap-confirm` on the x2 (issue 8 on the second kind); `x4` / x8 when lent (issue 7).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
@@ -216,6 +212,22 @@ adam-llc)  # any H200 (~2 min): do the update and the cpu reduction's host sum r
     # count of each kind (12 on nvidia-h200, 24 on the x2, 48 on the x4)
     python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-after-d2h.json" \
         --update-threads "${THREADS:-12}" ;;
+h200-drift)  # nvidia-h200 (~5 min): does a longer average of the host rates (--host-rounds 9)
+    # make two quick profiles of one lease agree, and predict the host-bound cases measured between
+    # them? (2026-12-01 15:21: two 3-round profiles 3 minutes apart read AdamW at 12 threads 4.55
+    # and 3.51 Gparam/s; the 4B cases came out at 14.2% and 5.4% max error on them)
+    for k in a b; do
+        python3 -m slidedp.cli profile --out "$OUT/h200-profile-$k.toml" --base h200x1 \
+            --model qwen3-4b --micro-batch 1 2 6 --quick --host-rounds 9 \
+            --name "h200-profile-$k-$(date +%H%M)" > "$OUT/profile-$k.log" 2>&1
+        grep -a "host rates:" "$OUT/profile-$k.log" || true
+        if [ "$k" = a ]; then
+            python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-a.toml" \
+                --cases validation/cases-h200-matrix.toml --select 'h200m-4b-*' \
+                --machine nvidia-h200 --out "$OUT/val" --iters 8 --discard 4 --runs 1
+        fi
+    done
+    tar czf "$OUT/val.tgz" -C "$OUT" val && rm -rf "$OUT/val" ;;
 mem-kind)  # any H200 (~1 min): AdamW, cast and copy on /dev/shm mappings (the host state's and,
     # since 2026-12-01 13:40, the profile's memory) against anonymous memory (earlier profiles'),
     # alternating; with the huge-page modes (the 13:09 lease's profile measured AdamW 44% faster
@@ -233,6 +245,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|h200-drift|rows|x4 OUT" >&2
     exit 2 ;;
 esac
