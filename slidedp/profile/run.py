@@ -125,9 +125,9 @@ class Profiler:
     # ---- host ------------------------------------------------------------------------------
 
     def _host_steps(self) -> list[Step]:
-        """The host rates in `host_round_count` rounds over the thread counts, one sample of each kernel at
-        each count per round (timing.Rounds; the warm-up runs in the first round only), then each
-        rate's median over the rounds."""
+        """The host rates in `host_round_count` rounds over the thread counts, one sample of each
+        kernel at each count per round (timing.Rounds; the warm-up runs in the first round only),
+        then each rate's median over the rounds."""
         r, s = self.res, self.s
         r.host_bytes = s.host_bytes(self.m.llc_bytes, self.m.ram_bytes)
         r.threads = s.threads(self.m.cores)

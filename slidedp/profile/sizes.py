@@ -10,7 +10,7 @@ sustained layer run keeps GPU 0 busy for about `sustained_s` seconds per (model,
 micro-batch) point, half per activation policy, and at least `sustained_min_iters` iterations of
 each. A host rate's timed sample repeats its kernel for at least `host_sample_s` (the quick
 profile's buffers take ~40 ms an Adam pass: single passes read up to 31% apart between profiles
-of one machine kind, 2026-11-30), and the host rates are sampled in `repeats` rounds over the
+of one machine kind, 2026-11-30), and the host rates are sampled in `host_rounds` rounds (default `repeats`) over the
 thread counts, each rate the median of its rounds (timing.Rounds: on 2026-12-01 a quick profile
 whose samples of one rate ran back to back read the cast at 16 threads 15% below 12 threads,
 and its host figures 20% below what the executor then ran at on the same machine; `slidedp

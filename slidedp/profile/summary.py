@@ -31,12 +31,13 @@ def rounds_line(req: Request, res: Results) -> str:
     if chunks:
         kernels["cast chunk"] = [("cast chunk", c, n) for c in chunks for n in res.threads]
     spread = {k: res.host_rounds.spread(keys) for k, keys in kernels.items()}
-    line = (f"host rates: medians of {req.sizes.host_round_count} rounds; the rounds differed by up to "
-            + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
+    line = (f"host rates: medians of {req.sizes.host_round_count} rounds; the rounds differed "
+            "by up to " + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
     if max(spread.values()) > UNSTEADY:
-        line += (f". Above {UNSTEADY:.0%}: something else loaded this machine's CPUs or memory "
-                 "while it was measured; the host figures may read low. Profile again when it is "
-                 "idle, or with more rounds (--host-rounds) for a longer average")
+        line += (f". Above {UNSTEADY:.0%}: something else loaded this machine's CPUs or memory, "
+                 "or its host speed drifts; host-bound predictions hold only within that spread. "
+                 "Profile again when it is idle, or with more rounds (--host-rounds) for a longer "
+                 "average")
     return line
 
 
