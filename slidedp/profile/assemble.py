@@ -281,7 +281,7 @@ class Assembler:
                   if s.host_sample_s else "one run")
 
         def pool(kernel: str) -> str:
-            spread = res.host_rounds.spread([(kernel, n) for n in res.threads])
+            spread = res.host_rounds.spread(kernel)
             return ("torch.set_num_threads, threads not pinned (OpenMP placement), median of "
                     f"{s.host_round_count} rounds over the thread counts, each {sample}, the "
                     f"first after {s.warmup} warm-up (a rate's rounds differed by up to "
@@ -379,8 +379,7 @@ class Assembler:
                     + ("pinned with cudaHostRegister, as the executor's staging ring"
                        if res.cast_chunk_pinned else "not pinned (no CUDA)"))
             reps = ", ".join(f"{c // MIB} MiB {res.cast_chunk_repeats[c]}" for c in chunks)
-            spread = res.host_rounds.spread([("cast chunk", c, n) for c in chunks
-                                             for n in res.threads])
+            spread = res.host_rounds.spread("cast chunk")
             t["sources"]["cast_chunk_gelem_per_s"] = m.source(
                 "measured: torch copy_ FP32 -> BF16 of one chunk (chunk_mib = its BF16 size, "
                 "chunk_mib MiB / 2 B elements; the PCIe chunk sizes) from a slice rotating "

@@ -15,6 +15,7 @@ import gc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from tqdm import tqdm
@@ -133,12 +134,13 @@ class Profiler:
         r.threads = s.threads(self.m.cores)
 
         def sample(n: int, k: int):
-            h, add = self._host, r.host_rounds.add
+            h = self._host
             h.warmup = s.warmup if k == 0 else 0  # the buffers and each pool size are warm after
-            add(("copy", n), h.dram_bps(n))
-            add(("cast", n), h.cast_elems_per_s(n))
-            add(("adam", n), h.adam_params_per_s(n))
-            add(("adam bf16 grad", n), h.adam_params_per_s(n, bf16_grad=True))
+            for kernel, rate in zip(HOST_KERNELS, (h.dram_bps, h.cast_elems_per_s,
+                                                   h.adam_params_per_s,
+                                                   partial(h.adam_params_per_s, bf16_grad=True)),
+                                    strict=True):
+                r.host_rounds.add((kernel, n), rate(n))
 
         def medians():
             for n in r.threads:

@@ -26,11 +26,8 @@ def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
 
 def rounds_line(req: Request, res: Results) -> str:
     """How far the host rates' rounds differed, per kernel; a warning above UNSTEADY."""
-    kernels = {k: [(k, n) for n in res.threads] for k in HOST_KERNELS}
-    chunks = sorted({c for c, _ in res.cast_chunk_elems_per_s})
-    if chunks:
-        kernels["cast chunk"] = [("cast chunk", c, n) for c in chunks for n in res.threads]
-    spread = {k: res.host_rounds.spread(keys) for k, keys in kernels.items()}
+    kernels = HOST_KERNELS + (("cast chunk",) if res.cast_chunk_elems_per_s else ())
+    spread = {k: res.host_rounds.spread(k) for k in kernels}
     line = (f"host rates: medians of {req.sizes.host_round_count} rounds; the rounds differed "
             "by up to " + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
     if max(spread.values()) > UNSTEADY:

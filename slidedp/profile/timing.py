@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -68,22 +68,23 @@ def cuda_median_s(fn: Callable[[], object], warmup: int, repeats: int) -> float:
 
 
 class Rounds:
-    """Rates by key, one sample per round (module docstring)."""
+    """Rates by key, one sample per round (module docstring); a key is (kernel, *where), e.g.
+    ("adam", threads)."""
 
     def __init__(self) -> None:
-        self.samples: dict[Hashable, list[float]] = defaultdict(list)
+        self.samples: dict[tuple, list[float]] = defaultdict(list)
 
-    def add(self, key: Hashable, rate: float) -> None:
+    def add(self, key: tuple, rate: float) -> None:
         self.samples[key].append(rate)
 
-    def median(self, key: Hashable) -> float:
+    def median(self, key: tuple) -> float:
         return statistics.median(self.samples[key])
 
-    def spread(self, keys: Sequence[Hashable]) -> float:
-        """The largest max / min - 1 of one key's rounds over `keys` (those sampled): 0.25 = some
-        rate's rounds differed by 25%."""
-        return max((max(v) / min(v) - 1 for k in keys
-                    if (v := self.samples.get(k)) and min(v) > 0), default=0.0)
+    def spread(self, kernel: str) -> float:
+        """The largest max / min - 1 of one key's rounds over the keys of `kernel` (0 where none
+        was sampled): 0.25 = some rate of it differed by 25% between rounds."""
+        return max((max(v) / min(v) - 1 for k, v in self.samples.items()
+                    if k[0] == kernel and min(v) > 0), default=0.0)
 
 
 def run_together(bodies: Sequence[Callable[[Callable[[], None]], None]], what: str) -> None:
