@@ -236,9 +236,14 @@ def _hull_fitting(finalist: Finalist, profiles: list[PolicyProfile]) -> list[str
     activation budget (the MILP's constraint 5: retained, transient and reload bytes), least
     recompute first, at most UNPRICED_POLICIES."""
     a = finalist.activations
-    fits = [p for p in lower_hull(pareto_front(profiles)) if p.name != "layer"
-            and a.uniform_bytes[p.name] <= a.budget_bytes]
-    return [p.name for p in sorted(fits, key=lambda p: p.recompute_fraction)][:UNPRICED_POLICIES]
+    fitting = [p for p in lower_hull(pareto_front(profiles)) if p.name != "layer"
+               and a.uniform_bytes[p.name] <= a.budget_bytes]
+    return [p.name for p in sorted(fitting, key=lambda p: p.recompute_fraction)][:UNPRICED_POLICIES]
+
+
+def _simulated_first(finalists: list[Finalist]) -> list[Finalist]:
+    """Best simulated first; a tie goes to the larger chunks (routes.best_first)."""
+    return best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)
 
 
 def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
@@ -345,8 +350,7 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
 
     finalists = solved()
     lap("activation MILPs")
-    unpriced = probe is not None and _priced_none(best_first(
-        finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)[0], profiles)
+    unpriced = probe is not None and _priced_none(_simulated_first(finalists)[0], profiles)
     if unpriced:
         rep.notes.append("the simulator prices no activation policy on the best finalist (a "
                          "step it calls host-bound): nothing is measured per layer, whole plans "
@@ -366,7 +370,7 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
         lap("activation MILPs")
     rep.measured_taus = set(measured)
     sims.close()  # the simulated stages are over: no idle workers beside the probes
-    finalists = best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)
+    finalists = _simulated_first(finalists)
     simulated_best = finalists[0].route.plan
     longest = 0.0
     if probe is not None:  # time kept for the probes after these: the mix's, or the whole plans'
