@@ -38,9 +38,9 @@
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-#   bash benchmarks/next_gpu_session.sh h200-drift OUT # nvidia-h200 (~5 min): two profiles with
-#                                                      #   --host-rounds 9 and the matrix's 4B cases
-#                                                      #   between them
+#   bash benchmarks/next_gpu_session.sh h200-drift OUT # nvidia-h200 (~7 min): a time series of the
+#                                                      #   host samples, two 9-round profiles and the
+#                                                      #   host-bound 4B cases between them
 # Left after the 2026-12-01 14:53-15:25 calls (mem-kind, the 8B AutoPolicy run with the whole-plan
 # probes and the h200 matrix are done: benchmarks/RESULTS.md), in order: `h200-drift` on any H200
 # (issue 6: two 3-round quick profiles 3 minutes apart on one lease read AdamW 30% apart and put
@@ -212,22 +212,26 @@ adam-llc)  # any H200 (~2 min): do the update and the cpu reduction's host sum r
     # count of each kind (12 on nvidia-h200, 24 on the x2, 48 on the x4)
     python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-after-d2h.json" \
         --update-threads "${THREADS:-12}" ;;
-h200-drift)  # nvidia-h200 (~5 min): does a longer average of the host rates (--host-rounds 9)
-    # make two quick profiles of one lease agree, and predict the host-bound cases measured between
-    # them? (2026-12-01 15:21: two 3-round profiles 3 minutes apart read AdamW at 12 threads 4.55
-    # and 3.51 Gparam/s; the 4B cases came out at 14.2% and 5.4% max error on them)
+h200-drift)  # nvidia-h200 (~7 min): is the host's speed drifting, or are its samples noisy? A
+    # 60 s time series of the host samples (benchmarks/host_drift_probe.py), then two 9-round
+    # profiles (every round's samples in their .rounds.json) with the matrix's three host-bound
+    # 4B cases between them by the protocol (15 steps, mean of the last 7, two runs). On
+    # 2026-12-01 17:48 two 9-round profiles of one lease still read AdamW at 12 threads 3.70
+    # and 4.34 Gparam/s, and the same 8-step cases came out at 6.1% and 11.4% max error on them
+    python3 benchmarks/host_drift_probe.py "$OUT/drift.json" --seconds 60
     for k in a b; do
         python3 -m slidedp.cli profile --out "$OUT/h200-profile-$k.toml" --base h200x1 \
             --model qwen3-4b --micro-batch 1 2 6 --quick --host-rounds 9 \
             --name "h200-profile-$k-$(date +%H%M)" > "$OUT/profile-$k.log" 2>&1
-        grep -a "host rates:" "$OUT/profile-$k.log" || true
+        grep -a "host rates:" "$OUT/profile-$k.log" | tr '\r' '\n' | grep -a "^host rates: medians" || true
         if [ "$k" = a ]; then
             python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-a.toml" \
-                --cases validation/cases-h200-matrix.toml --select 'h200m-4b-*' \
-                --machine nvidia-h200 --out "$OUT/val" --iters 8 --discard 4 --runs 1
+                --cases validation/cases-h200-matrix.toml --select 'h200m-4b-r1-gb[12]-*' \
+                --machine nvidia-h200 --out "$OUT/val" --iters 15 --discard 8 --runs 2 \
+                2>&1 | grep -av "it/s\|step/s" | tail -20 || echo "validate failed"
+            tar czf "$OUT/val.tgz" -C "$OUT" val && rm -rf "$OUT/val"
         fi
-    done
-    tar czf "$OUT/val.tgz" -C "$OUT" val && rm -rf "$OUT/val" ;;
+    done ;;
 mem-kind)  # any H200 (~1 min): AdamW, cast and copy on /dev/shm mappings (the host state's and,
     # since 2026-12-01 13:40, the profile's memory) against anonymous memory (earlier profiles'),
     # alternating; with the huge-page modes (the 13:09 lease's profile measured AdamW 44% faster

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -279,7 +281,9 @@ class _ScriptedBench:
     dram_bps = cast_elems_per_s = adam_params_per_s = elems_per_s = _rate
 
     def teams_bps(self, *args) -> tuple[float, float]:
-        return 100e9, 30e9
+        """Rounds 1-3 read totals 100, 80, 120 GB/s with cast parts 30, 20, 40."""
+        self.teams = getattr(self, "teams", 0) + 1
+        return {1: (100e9, 30e9), 2: (80e9, 20e9), 3: (120e9, 40e9)}[self.teams]
 
     def repeats_for(self, n: int) -> int:
         return 3
@@ -324,7 +328,13 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     for b in benches:
         first = len(b.calls) // 3
         assert b.calls[:first] == [2] * first and set(b.calls[first:]) == {0}
+    # one teams run per round after that round's kernels; both figures from the median round
+    assert [i for i, s in enumerate(steps) if "at once, round" in s.name] == [
+        (k + 1) * (len(threads) + 1) for k in range(3)]
+    assert res.dram_teams[2:] == (100e9, 30e9)
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
+    assert "the median round (the rounds differed by up to 50%)" in doc["host"]["sources"][
+        "dram_teams_gbps"]
     assert "median of 3 rounds over the thread counts" in doc["host"]["sources"]["adam_gparam_per_s"]
     assert "rounds differed by up to 400%" in doc["host"]["sources"]["cast_chunk_gelem_per_s"]
     line = rounds_line(req, res)
@@ -398,11 +408,21 @@ def test_without_base_fails_before_measuring(tmp_path):
 
 
 def test_host_rounds_option_sets_the_rounds(tmp_path, monkeypatch):
+    """--host-rounds N: N rounds, and every round's samples in OUT's .rounds.json, whose medians
+    are the TOML's rates."""
     out = tmp_path / "rounds.toml"
     assert _profile(tmp_path, monkeypatch, "--out", str(out), "--base", "h200x1",
                     "--host-rounds", "4") == 0
     host = tomllib.loads(out.read_text())["host"]
     assert "median of 4 rounds over the thread counts" in host["sources"]["adam_gparam_per_s"]
+    kept = json.loads((tmp_path / "rounds.rounds.json").read_text())
+    assert kept["hardware"] == "rounds" and "--out" in kept["command"]
+    by_key = {(r["kernel"], *r["where"]): r["rates"] for r in kept["samples"]}
+    assert {k[0] for k in by_key} >= {"copy", "cast", "adam", "adam bf16 grad", "cast chunk",
+                                      "teams", "teams cast"}
+    assert all(len(v) == 4 for v in by_key.values())
+    for n, gparam in host["adam_gparam_per_s"]:
+        assert gparam == pytest.approx(statistics.median(by_key[("adam", n)]) / 1e9, rel=1e-3)
 
 
 def test_bad_options_are_spec_errors(tmp_path, monkeypatch):

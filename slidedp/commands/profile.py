@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import tomllib
 from pathlib import Path
 
@@ -24,7 +25,8 @@ def register(sub) -> None:
                        "Adam against threads; the cast by chunk size; PCIe by chunk size, duplex and "
                        "all GPUs; one decoder layer's compute, short and sustained; NCCL "
                        "collectives) written as a hardware TOML "
-                       "in which every number names its source.")
+                       "in which every number names its source, and every round's sample of the "
+                       "host rates beside it (OUT with the suffix .rounds.json).")
     p.add_argument("--out", required=True, help="hardware TOML file to write")
     p.add_argument("--model", nargs="+", default=[DEFAULTS["model"]],
                    help="preset names, config.json files or model directories whose decoder "
@@ -93,5 +95,21 @@ def run(args: argparse.Namespace) -> int:
     text = dumps(doc, f"Written by: {cmd}\n{machine.source('see each section')}")
     spec = parse_hardware(tomllib.loads(text), args.out)  # the schema's own checks, before writing
     Path(args.out).write_text(text)
+    rounds = rounds_path(args.out)
+    rounds.write_text(json.dumps({"hardware": name, "command": cmd, "units": ROUNDS_UNITS,
+                                  "samples": res.host_rounds.rows()}, indent=1) + "\n")
     print(summary(req, res, spec, args.out))
+    print(f"every round's sample of the host rates: {rounds}")
     return 0
+
+
+ROUNDS_UNITS = ("copy, teams, teams cast, teams with dma: bytes/s; cast, cast chunk: elements/s; "
+                "adam, adam bf16 grad: parameters/s; where: threads (cast chunk: chunk BF16 "
+                "bytes, threads; teams: cast threads, update threads; teams with dma: cast "
+                "threads, update threads, GPUs)")
+
+
+def rounds_path(out: str) -> Path:
+    """Where `slidedp profile --out OUT` keeps every round's host samples: beside OUT, its
+    suffix replaced by .rounds.json."""
+    return Path(out).with_suffix(".rounds.json")

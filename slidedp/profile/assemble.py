@@ -30,7 +30,7 @@ from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes, gpu_link_matrix, nv
 from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_ELEM
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
-from slidedp.profile.run import TEAMS_S_PER_REPEAT, Request, Results
+from slidedp.profile.run import TEAMS_S_PER_ROUND, Request, Results
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, GB, GIB, HardwareSpec
 from slidedp.spec.plan import Plan
@@ -345,20 +345,22 @@ class Assembler:
                 f"measured: a cast team of {ct} threads (torch copy_ FP32 -> BF16 of {mib} MiB) "
                 f"and an update team of {ut} threads (fused AdamW on {mib // 4}M parameters), "
                 "each in its own thread with its own OpenMP team as the executor runs them, at "
-                f"once for {TEAMS_S_PER_REPEAT * s.repeats:g} s: (6 B x cast elements + 28 B x "
-                "Adam parameters) / time")
+                f"once for {TEAMS_S_PER_ROUND:g} s in each of the {s.host_round_count} rounds of "
+                "the host rates: (6 B x cast elements + 28 B x Adam parameters) / time, the "
+                f"median round (the rounds differed by up to {res.host_rounds.spread('teams'):.0%})")
             t["sources"]["dram_teams_cast_gbps"] = m.source(
-                "measured: the cast team's own part of dram_teams_gbps, 6 B x cast elements / "
-                "time (the rest is the update team's; HostSpec.cast_weight)")
+                "measured: the cast team's own part of dram_teams_gbps in its median round, 6 B "
+                "x cast elements / time (the rest is the update team's; HostSpec.cast_weight)")
         if res.dram_dma is not None:
             ct, ut, gpus, bps = res.dram_dma
             t["dram_dma_gbps"] = [ct, ut, gpus, g4(bps / GB)]
             t["sources"]["dram_dma_gbps"] = m.source(
                 f"measured: the teams-at-once run (dram_teams_gbps: cast {ct} + update {ut} "
                 f"threads) with each of {gpus} GPU(s) copying {s.stream_copies} x "
-                f"{max(s.chunk_mib)} MiB both ways at once, pinned (a thread per GPU), for "
-                f"{TEAMS_S_PER_REPEAT * s.repeats:g} s: (the teams' bytes + the copies' bytes) / "
-                "time, all host-memory traffic of the executor's mix")
+                f"{max(s.chunk_mib)} MiB both ways at once, pinned (a thread per GPU), "
+                f"{s.host_round_count} runs of {TEAMS_S_PER_ROUND:g} s: (the teams' bytes + the "
+                "copies' bytes) / time, all host-memory traffic of the executor's mix, the median "
+                f"run (the runs differed by up to {res.host_rounds.spread('teams with dma'):.0%})")
         if res.agent_gaps is not None and res.agent_gaps[2].gap_s:
             name, seq, gaps = res.agent_gaps
             t["agent_gap_us"] = {k: g4(v * 1e6) for k, v in gaps.gap_s.items()}

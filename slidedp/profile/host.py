@@ -91,6 +91,7 @@ class HostBench:
         self.v = state_memory(self.elems, torch.float32).zero_()
         self.opt = AdamWConfig()
         self.adam_steps = 0
+        self.cast_src: torch.Tensor | None = None  # the teams run's cast source, made on first use
 
     def _median_s(self, fn, threads: int) -> float:
         with torch_threads(threads):
@@ -120,8 +121,9 @@ class HostBench:
         the cast team moved), each over the time from the first start to the last end. A load
         that raises stops the others at the start barrier (or lets them finish) and the run
         raises RuntimeError from its error."""
-        # the cast's own master: Adam writes `src`
-        cast_src = self.state_memory(self.elems, torch.float32).fill_(0.25)
+        if self.cast_src is None:  # the cast's own master: Adam writes `src`
+            self.cast_src = self.state_memory(self.elems, torch.float32).fill_(0.25)
+        cast_src = self.cast_src
         loads = [(cast_threads, lambda: self.bf16.copy_(cast_src),
                   self.elems * CAST_DRAM_BYTES_PER_ELEM),
                  (update_threads, self._adam_step, self.elems * ADAM_DRAM_BYTES_PER_PARAM),

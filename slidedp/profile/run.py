@@ -31,7 +31,8 @@ from slidedp.spec.plan import Plan, team_cores
 SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the longest under load
 MAX_SUSTAINED_ITERS = 5000
 HOST_KERNELS = ("copy", "cast", "adam", "adam bf16 grad")  # Results.host_rounds' kernel names
-TEAMS_S_PER_REPEAT = 0.25  # the teams-at-once run: 0.75 s at the quick profile's 3 repeats
+TEAMS = ("teams", "teams with dma")  # ... and the teams-at-once runs' (their totals)
+TEAMS_S_PER_ROUND = 0.25  # one round's teams-at-once run: 0.75 s over the quick profile's 3
 
 COLLECTIVE_TIMEOUT_S = 300
 
@@ -54,13 +55,16 @@ class Results:
     cast_elems_per_s: dict[int, float] = field(default_factory=dict)
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
     adam_bf16_grad_params_per_s: dict[int, float] = field(default_factory=dict)
-    # the samples of those four and of the cast by chunk size, one per round (timing.Rounds):
-    # keys (kernel, threads) with kernel in HOST_KERNELS, ("cast chunk", chunk bytes, threads)
+    # the samples of those four, of the cast by chunk size and of the teams at once, one per
+    # round (timing.Rounds): keys (kernel, threads) with kernel in HOST_KERNELS, ("cast chunk",
+    # chunk bytes, threads), ("teams", cast threads, update threads) and ("teams cast", ...)
+    # its cast team's part, ("teams with dma", cast threads, update threads, GPUs)
     host_rounds: Rounds = field(default_factory=Rounds)
-    # the cast and update teams at once: (cast threads, update threads, DRAM bytes/s, the cast
-    # team's bytes/s)
+    # the cast and update teams at once, the median round: (cast threads, update threads, DRAM
+    # bytes/s, the cast team's bytes/s)
     dram_teams: tuple[int, int, float, float] | None = None
-    # the same with every GPU's duplex copies: (cast threads, update threads, GPUs, bytes/s)
+    # the same with every GPU's duplex copies, the median of its rounds: (cast threads, update
+    # threads, GPUs, bytes/s)
     dram_dma: tuple[int, int, int, float] | None = None
     # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
     cast_chunk_elems_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -127,8 +131,8 @@ class Profiler:
 
     def _host_steps(self) -> list[Step]:
         """The host rates in `host_round_count` rounds over the thread counts, one sample of each
-        kernel at each count per round (timing.Rounds; the warm-up runs in the first round only),
-        then each rate's median over the rounds."""
+        kernel at each count and one teams-at-once run per round (timing.Rounds; the warm-up runs
+        in the first round only), then each rate's median over the rounds."""
         r, s = self.res, self.s
         r.host_bytes = s.host_bytes(self.m.llc_bytes, self.m.ram_bytes)
         r.threads = s.threads(self.m.cores)
@@ -150,17 +154,27 @@ class Profiler:
                     rates[n] = r.host_rounds.median((kernel, n))
 
         team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
+        teams_key = ("teams", team, team)
 
         def teams():
-            r.dram_teams = (team, team,
-                            *self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats))
+            total, cast = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND)
+            r.host_rounds.add(teams_key, total)
+            r.host_rounds.add(("teams cast", team, team), cast)
+
+        def teams_median():
+            k = r.host_rounds.median_round(teams_key)
+            r.dram_teams = (team, team, r.host_rounds.samples[teams_key][k],
+                            r.host_rounds.samples[("teams cast", team, team)][k])
 
         steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host)]
         rounds = s.host_round_count
-        steps += [Step(f"host copy, cast, adam at {n} threads, round {k + 1} of {rounds}",
-                       lambda n=n, k=k: sample(n, k)) for k in range(rounds) for n in r.threads]
+        for k in range(rounds):
+            steps += [Step(f"host copy, cast, adam at {n} threads, round {k + 1} of {rounds}",
+                           lambda n=n, k=k: sample(n, k)) for n in r.threads]
+            steps.append(Step(f"cast and update teams of {team} threads at once, round {k + 1} "
+                              f"of {rounds}", teams))
         steps += [Step("host rates: medians over the rounds", medians),
-                  Step(f"cast and update teams of {team} threads at once", teams)]
+                  Step("teams at once: the median round", teams_median)]
         return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
 
     def _alloc_host(self) -> None:
@@ -227,9 +241,11 @@ class Profiler:
         team = team_cores(self.m.cores)
 
         def teams_and_dma():
-            bps, _ = self._host.teams_bps(team, team, TEAMS_S_PER_REPEAT * s.repeats,
-                                          self._pcie.dma_loads())
-            r.dram_dma = (team, team, gpus, bps)
+            key = ("teams with dma", team, team, gpus)
+            for _ in range(s.host_round_count):
+                r.host_rounds.add(key, self._host.teams_bps(team, team, TEAMS_S_PER_ROUND,
+                                                            self._pcie.dma_loads())[0])
+            r.dram_dma = (team, team, gpus, r.host_rounds.median(key))
 
         steps = [Step("pin host buffers", alloc)]
         steps += [Step(f"PCIe GPU {g} alone and duplex", lambda g=g: alone(g)) for g in range(gpus)]
@@ -237,8 +253,8 @@ class Profiler:
             steps += [Step(f"PCIe all GPUs {k}", lambda k=k, d=d: all_gpus(k, d))
                       for k, d in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("both", pcie.DIRECTIONS))]
         steps += [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host),
-                  Step(f"cast and update teams of {team} threads with every GPU's copies",
-                       teams_and_dma),
+                  Step(f"cast and update teams of {team} threads with every GPU's copies, "
+                       f"{s.host_round_count} runs", teams_and_dma),
                   Step("free host buffers", self._free_host)]
         return [*steps, Step("unpin host buffers", self._free_pcie)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from slidedp.profile.agents import LAYERS
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes
-from slidedp.profile.run import HOST_KERNELS, Request, Results
+from slidedp.profile.run import HOST_KERNELS, TEAMS, Request, Results
 from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
 
 GB = 1e9
@@ -26,11 +26,12 @@ def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
 
 def rounds_line(req: Request, res: Results) -> str:
     """How far the host rates' rounds differed, per kernel; a warning above UNSTEADY."""
-    kernels = HOST_KERNELS + (("cast chunk",) if res.cast_chunk_elems_per_s else ())
-    spread = {k: res.host_rounds.spread(k) for k in kernels}
+    sampled = res.host_rounds.kernels()
+    spread = {k: res.host_rounds.spread(k) for k in (*HOST_KERNELS, "cast chunk", *TEAMS)
+              if k in sampled}
     line = (f"host rates: medians of {req.sizes.host_round_count} rounds; the rounds differed "
             "by up to " + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
-    if max(spread.values()) > UNSTEADY:
+    if max(spread.values(), default=0.0) > UNSTEADY:
         line += (f". Above {UNSTEADY:.0%}: something else loaded this machine's CPUs or memory, "
                  "or its host speed drifts; host-bound predictions hold only within that spread. "
                  "Profile again when it is idle, or with more rounds (--host-rounds) for a longer "

@@ -80,6 +80,22 @@ class Rounds:
     def median(self, key: tuple) -> float:
         return statistics.median(self.samples[key])
 
+    def median_round(self, key: tuple) -> int:
+        """The round whose sample of `key` is its median (the upper middle one for an even
+        count): where one round measured several figures at once (the teams' total and the
+        cast team's part of it), they are all taken from that round."""
+        xs = self.samples[key]
+        return sorted(range(len(xs)), key=xs.__getitem__)[len(xs) // 2]
+
+    def kernels(self) -> set[str]:
+        return {k[0] for k in self.samples}
+
+    def rows(self) -> list[dict]:
+        """Every sample, by key: [{"kernel", "where", "rates"}], in the order sampled (the
+        profile's rounds file, for looking at how a rate's rounds spread)."""
+        return [{"kernel": k[0], "where": list(k[1:]), "rates": list(v)}
+                for k, v in self.samples.items()]
+
     def spread(self, kernel: str) -> float:
         """The largest max / min - 1 of one key's rounds over the keys of `kernel` (0 where none
         was sampled): 0.25 = some rate of it differed by 25% between rounds."""
