@@ -38,9 +38,8 @@
 #   bash benchmarks/next_gpu_session.sh x4 OUT        # nvidia-h200-x4: profile (with dram_dma_gbps),
 #                                                      #   the 8B routes at R = 4 again (the host.mem
 #                                                      #   model on its own profile), 14B at R = 2
-#   bash benchmarks/next_gpu_session.sh h200-drift OUT # nvidia-h200 (~7 min): a time series of the
-#                                                      #   host samples, two 9-round profiles and the
-#                                                      #   host-bound 4B cases between them
+#   bash benchmarks/next_gpu_session.sh h200-drift OUT # nvidia-h200 (~8 min): two default profiles
+#                                                      #   and the host-bound 4B cases between them
 # Left after the 2026-12-01 14:53-15:25 calls (mem-kind, the 8B AutoPolicy run with the whole-plan
 # probes and the h200 matrix are done: benchmarks/RESULTS.md), in order: `h200-drift` on any H200
 # (issue 6: two 3-round quick profiles 3 minutes apart on one lease read AdamW 30% apart and put
@@ -212,18 +211,17 @@ adam-llc)  # any H200 (~2 min): do the update and the cpu reduction's host sum r
     # count of each kind (12 on nvidia-h200, 24 on the x2, 48 on the x4)
     python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-after-d2h.json" \
         --update-threads "${THREADS:-12}" ;;
-h200-drift)  # nvidia-h200 (~7 min): is the host's speed drifting, or are its samples noisy? A
-    # 60 s time series of the host samples (benchmarks/host_drift_probe.py), then two 9-round
-    # profiles (every round's samples in their .rounds.json) with the matrix's three host-bound
-    # 4B cases between them by the protocol (15 steps, mean of the last 7, two runs). On
-    # 2026-12-01 17:48 two 9-round profiles of one lease still read AdamW at 12 threads 3.70
-    # and 4.34 Gparam/s, and the same 8-step cases came out at 6.1% and 11.4% max error on them
-    python3 benchmarks/host_drift_probe.py "$OUT/drift.json" --seconds 60
+h200-drift)  # nvidia-h200 (~8 min): do two default quick profiles (7 rounds, each on fresh
+    # buffers: a host rate depends on where its buffers land) agree, and predict the matrix's
+    # three host-bound 4B cases measured between them by the protocol (15 steps, mean of the last
+    # 7, two runs)? (2026-12-01 17:57: two 9-round profiles on one allocation each still read
+    # AdamW at 12 threads 3.70 and 4.34 Gparam/s; 18:07, benchmarks/host_placement_probe.py: 34%
+    # between allocations, in two groups, 9% within one)
     for k in a b; do
         python3 -m slidedp.cli profile --out "$OUT/h200-profile-$k.toml" --base h200x1 \
-            --model qwen3-4b --micro-batch 1 2 6 --quick --host-rounds 9 \
+            --model qwen3-4b --micro-batch 1 2 6 --quick \
             --name "h200-profile-$k-$(date +%H%M)" > "$OUT/profile-$k.log" 2>&1
-        grep -a "host rates:" "$OUT/profile-$k.log" | tr '\r' '\n' | grep -a "^host rates: medians" || true
+        grep -a "host rates:" "$OUT/profile-$k.log" | tr '\r' '\n' | grep -a "^host rates: " || true
         if [ "$k" = a ]; then
             python3 -m slidedp.cli validate --hardware "$OUT/h200-profile-a.toml" \
                 --cases validation/cases-h200-matrix.toml --select 'h200m-4b-r1-gb[12]-*' \

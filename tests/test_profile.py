@@ -37,10 +37,10 @@ from slidedp.profile.assemble import Assembler, unmeasured
 from slidedp.profile.compute import LayerTiming, build_layer, forward, one_layer_config, rope
 from slidedp.profile.fabric import LATENCY_BYTES, fabric_kind, gpu_link_matrix
 from slidedp.profile.machine import Machine, probe_machine
-from slidedp.profile.run import HOST_KERNELS, Profiler, Request, Results
+from slidedp.profile.run import Profiler, Request, Results
 from slidedp.profile.sizes import MIB, Sizes
 from slidedp.profile.summary import rounds_line, summary
-from slidedp.profile.timing import Rounds, run_together
+from slidedp.profile.timing import ROUNDS_RULE, Rounds, run_together
 from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, load_hardware, parse_hardware, preset_dir
@@ -252,38 +252,46 @@ def test_run_together_starts_bodies_together_and_never_hangs_on_a_failure():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0.1, 100.0), min_size=1, max_size=7), st.floats(0.1, 10.0))
-def test_rounds_median_and_spread(rates, scale):
-    """A rate's median lies among its rounds; the spread is max / min - 1 of the worst key, does
-    not move with the unit, and keys never sampled count for nothing."""
+@given(st.lists(st.floats(0.1, 100.0), min_size=1, max_size=9), st.floats(0.1, 10.0))
+def test_rounds_rate_and_spread(rates, scale):
+    """A rate lies among its rounds, the time per unit of work averaged (the harmonic mean, at
+    most the arithmetic one), without the two extremes from 5 rounds on; it and the spread (max
+    / min - 1 of the worst key) do not move with the unit; keys never sampled count for nothing."""
     rounds = Rounds()
     for x in rates:
         rounds.add(("adam", 4), x * scale)
     rounds.add(("copy", 4), 1.0)
-    assert min(rates) * scale <= rounds.median(("adam", 4)) <= max(rates) * scale
+    kept = sorted(rates)[1:-1] if len(rates) >= Rounds.TRIM_FROM else rates
+    rate = rounds.rate(("adam", 4))
+    assert min(kept) * scale * (1 - 1e-9) <= rate <= max(kept) * scale * (1 + 1e-9)
+    assert rate == pytest.approx(scale * len(kept) / sum(1 / x for x in kept))
+    assert rate <= statistics.fmean(kept) * scale * (1 + 1e-9)
     want = max(rates) / min(rates) - 1
     assert rounds.spread("adam") == pytest.approx(want)
     assert rounds.spread("copy") == 0.0 and rounds.spread("cast") == 0.0
 
 
 class _ScriptedBench:
-    """host.HostBench / CastChunkBench stand-in: every rate reads 10 (x 1e9) except in the second
-    round, which reads 2 (a burst of load elsewhere); records each call's round and warm-up."""
+    """host.HostBench / CastChunkBench stand-in, one per allocation (a round): every rate reads
+    10 (x 1e9) except on the second allocation of its kind, which reads 2 (a burst of load
+    elsewhere); the teams run reads totals 100, 80, 120, 100, 100 GB/s, cast parts 30, 20, 40,
+    30, 30 on allocations 1-5; records each call's warm-up."""
 
-    def __init__(self, *args, **kwargs):
-        self.warmup, self.calls = None, []
+    TEAMS = {1: (100e9, 30e9), 2: (80e9, 20e9), 3: (120e9, 40e9), 4: (100e9, 30e9),
+             5: (100e9, 30e9)}
+
+    def __init__(self, allocation: int):
+        self.allocation, self.warmup, self.calls = allocation, None, []
         self.slots, self.pinned, self.src_elems = 2, False, 1
 
     def _rate(self, *args, **kwargs) -> float:
         self.calls.append(self.warmup)
-        return 2e9 if len(self.calls) in self.second_round else 10e9
+        return 2e9 if self.allocation == 2 else 10e9
 
     dram_bps = cast_elems_per_s = adam_params_per_s = elems_per_s = _rate
 
     def teams_bps(self, *args) -> tuple[float, float]:
-        """Rounds 1-3 read totals 100, 80, 120 GB/s with cast parts 30, 20, 40."""
-        self.teams = getattr(self, "teams", 0) + 1
-        return {1: (100e9, 30e9), 2: (80e9, 20e9), 3: (120e9, 40e9)}[self.teams]
+        return self.TEAMS[self.allocation]
 
     def repeats_for(self, n: int) -> int:
         return 3
@@ -293,52 +301,51 @@ class _ScriptedBench:
 
 
 def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
-    """Each host rate is the median of one sample per round, the rounds interleaved over the
-    thread counts (a burst of load costs one round, not the rate); only the first round warms
-    up; the source line and the summary say how far the rounds differed."""
-    sizes = dataclasses.replace(TINY, repeats=5, host_rounds=3, warmup=2)
+    """Each round allocates fresh buffers and samples every kernel at every thread count, then
+    runs the teams at once; a rate is the trimmed harmonic mean of its rounds (a burst of load
+    costs one round, not the rate); only the first round warms up; the source lines and the
+    summary say how far the rounds differed."""
+    sizes = dataclasses.replace(TINY, repeats=3, host_rounds=5, warmup=2)
     machine = dataclasses.replace(FAKE, gpu_count=0)
-    benches = []
+    benches: dict[str, list[_ScriptedBench]] = {"host": [], "cast": []}
 
-    def bench(per_call: int):
+    def bench(kind: str):
         def make(*args, **kwargs):
-            b = _ScriptedBench()
-            n = len(sizes.threads(machine.cores)) * per_call  # calls in a round
-            b.second_round = range(n + 1, 2 * n + 1)
-            benches.append(b)
-            return b
+            benches[kind].append(_ScriptedBench(len(benches[kind]) + 1))
+            return benches[kind][-1]
         return make
 
-    monkeypatch.setattr(host_mod, "HostBench", bench(len(HOST_KERNELS)))
-    monkeypatch.setattr(host_mod, "CastChunkBench", bench(len(sizes.chunk_mib)))
+    monkeypatch.setattr(host_mod, "HostBench", bench("host"))
+    monkeypatch.setattr(host_mod, "CastChunkBench", bench("cast"))
     req = Request(sizes, (), (), (), "", None)
     prof = Profiler(machine, req)
     steps = prof.steps()
-    names = [s.name for s in steps if "round" in s.name and "at " in s.name]
     threads = sizes.threads(machine.cores)
-    assert names[:len(threads)] == [f"host copy, cast, adam at {n} threads, round 1 of 3"
-                                    for n in threads]
+    round_1 = [s.name for s in steps[:len(threads) + 2]]
+    assert round_1 == ["allocate host buffers (4 MiB each), round 1 of 5",
+                       *(f"host copy, cast, adam at {n} threads, round 1 of 5" for n in threads),
+                       f"cast and update teams of {team_cores(machine.cores)} threads at once, "
+                       "round 1 of 5"]
     for step in steps:
         step.run()
     res = prof.res
+    assert [len(v) for v in benches.values()] == [5, 5]  # fresh buffers each round
     for rates in (res.dram_bps, res.cast_elems_per_s, res.adam_params_per_s,
                   res.adam_bf16_grad_params_per_s):
-        assert rates == {n: 10e9 for n in threads}
-    assert set(res.cast_chunk_elems_per_s.values()) == {10e9}
-    for b in benches:
-        first = len(b.calls) // 3
-        assert b.calls[:first] == [2] * first and set(b.calls[first:]) == {0}
-    # one teams run per round after that round's kernels; both figures from the median round
-    assert [i for i, s in enumerate(steps) if "at once, round" in s.name] == [
-        (k + 1) * (len(threads) + 1) for k in range(3)]
-    assert res.dram_teams[2:] == (100e9, 30e9)
+        assert rates == {n: pytest.approx(10e9) for n in threads}
+    assert res.cast_chunk_elems_per_s == {k: pytest.approx(10e9)
+                                          for k in res.cast_chunk_elems_per_s}
+    for kind in benches.values():
+        assert {w for b in kind[1:] for w in b.calls} == {0} and set(kind[0].calls) == {2}
+    assert res.dram_teams[2:] == (pytest.approx(100e9), pytest.approx(30e9))
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
-    assert "the median round (the rounds differed by up to 50%)" in doc["host"]["sources"][
-        "dram_teams_gbps"]
-    assert "median of 3 rounds over the thread counts" in doc["host"]["sources"]["adam_gparam_per_s"]
-    assert "rounds differed by up to 400%" in doc["host"]["sources"]["cast_chunk_gelem_per_s"]
+    sources = doc["host"]["sources"]
+    assert "of the rounds (they differed by up to 50%)" in sources["dram_teams_gbps"]
+    assert (f"{ROUNDS_RULE} of 5 rounds over the thread counts, each on fresh buffers"
+            in sources["adam_gparam_per_s"])
+    assert "rounds differed by up to 400%" in sources["cast_chunk_gelem_per_s"]
     line = rounds_line(req, res)
-    assert "400% (adam)" in line and "Profile again" in line
+    assert "400% (adam)" in line and "50% (teams)" in line and "Profile again" in line
     assert "Profile again" not in rounds_line(req, Results(threads=threads))
 
 
@@ -408,13 +415,13 @@ def test_without_base_fails_before_measuring(tmp_path):
 
 
 def test_host_rounds_option_sets_the_rounds(tmp_path, monkeypatch):
-    """--host-rounds N: N rounds, and every round's samples in OUT's .rounds.json, whose medians
-    are the TOML's rates."""
+    """--host-rounds N: N rounds, and every round's samples in OUT's .rounds.json, from which
+    the TOML's rates come."""
     out = tmp_path / "rounds.toml"
     assert _profile(tmp_path, monkeypatch, "--out", str(out), "--base", "h200x1",
                     "--host-rounds", "4") == 0
     host = tomllib.loads(out.read_text())["host"]
-    assert "median of 4 rounds over the thread counts" in host["sources"]["adam_gparam_per_s"]
+    assert "of 4 rounds over the thread counts" in host["sources"]["adam_gparam_per_s"]
     kept = json.loads((tmp_path / "rounds.rounds.json").read_text())
     assert kept["hardware"] == "rounds" and "--out" in kept["command"]
     by_key = {(r["kernel"], *r["where"]): r["rates"] for r in kept["samples"]}
@@ -422,7 +429,8 @@ def test_host_rounds_option_sets_the_rounds(tmp_path, monkeypatch):
                                       "teams", "teams cast"}
     assert all(len(v) == 4 for v in by_key.values())
     for n, gparam in host["adam_gparam_per_s"]:
-        assert gparam == pytest.approx(statistics.median(by_key[("adam", n)]) / 1e9, rel=1e-3)
+        assert gparam == pytest.approx(statistics.harmonic_mean(by_key[("adam", n)]) / 1e9,
+                                       rel=1e-3)
 
 
 def test_bad_options_are_spec_errors(tmp_path, monkeypatch):

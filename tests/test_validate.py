@@ -19,6 +19,7 @@ from slidedp.spec.plan import GradRoute, ParamRoute
 from slidedp.validate import store
 from slidedp.validate.cases import case_toml, load_cases, parse_case_spec, parse_cases
 from slidedp.validate.importer import NO_TRACE, import_results, trace_file_name
+from slidedp.validate.summary import runs_spread
 from slidedp.validate.traces import GZIP_MAGIC, load_trace, read_trace_doc
 
 ROOT = Path(__file__).parents[1]
@@ -116,6 +117,11 @@ def test_a_failed_later_run_leaves_the_completed_runs(tmp_path, monkeypatch):
     meas = store.read_json(tmp_path / name / store.MEASURED)
     assert meas["run_step_times_s"] == [1.0] and meas["step_time_s"] == 1.0
     assert "1 of the 2 runs failed" in meas["notes"][-1]
+
+
+def test_runs_spread_is_the_measurements_own_uncertainty():
+    assert runs_spread({"run_step_times_s": [2.5, 2.0, 2.2]}) == pytest.approx(0.25)
+    assert runs_spread({"run_step_times_s": [2.0]}) is None and runs_spread({}) is None
 
 
 def test_cli_refuses_zero_runs(tmp_path, capsys):
@@ -243,6 +249,9 @@ def test_tiny_cpu_run_writes_every_file(tmp_path, capfd):
         assert len(runs) == 2, (meas["notes"], err)  # a failed run: why
         assert meas["step_time_s"] == pytest.approx(sum(runs) / 2)
         assert meas["run_all_steps_s"][-1] == meas["all_steps_s"] and "--runs 2" in meas["command"]
+        spread = runs_spread(meas)
+        assert f"| {meas['step_time_s']:.3f} ({100 * spread:.1f}%) |" in (
+            out / store.SUMMARY_MD).read_text()
         assert meas["channel_s"]["COMPUTE"] > 0 and "--cases" in meas["command"]
         measured = load_trace(f / store.MEASURED_TRACE)
         computes = {r.agent for r in measured.records if r.channel == "COMPUTE"}

@@ -37,8 +37,8 @@ def register(sub) -> None:
                    help="micro-batches of the layer timing (default 1 4 16; --quick 1 4)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and threads: under a minute")
     p.add_argument("--host-rounds", type=int, help="rounds of the host rates over the thread "
-                   "counts, each rate the median of its rounds (default: 3 with --quick, else 7); "
-                   "more on a machine whose host speed drifts")
+                   "counts, each on fresh buffers (default: 7 with --quick, else 9); more on a "
+                   "machine whose host speed varies with where its memory lands")
     p.add_argument("--name", help="the hardware's name (default: the --out file's stem)")
     p.add_argument("--base", help="hardware preset or TOML for what this machine cannot measure")
     p.set_defaults(func=run)

@@ -31,6 +31,7 @@ from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
 from slidedp.profile.run import TEAMS_S_PER_ROUND, Request, Results
+from slidedp.profile.timing import ROUNDS_RULE
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, GB, GIB, HardwareSpec
 from slidedp.spec.plan import Plan
@@ -282,10 +283,10 @@ class Assembler:
 
         def pool(kernel: str) -> str:
             spread = res.host_rounds.spread(kernel)
-            return ("torch.set_num_threads, threads not pinned (OpenMP placement), median of "
-                    f"{s.host_round_count} rounds over the thread counts, each {sample}, the "
-                    f"first after {s.warmup} warm-up (a rate's rounds differed by up to "
-                    f"{spread:.0%})")
+            return ("torch.set_num_threads, threads not pinned (OpenMP placement), "
+                    f"{ROUNDS_RULE} of {s.host_rounds} rounds over the thread counts, each on "
+                    f"fresh buffers and {sample}, the first after {s.warmup} warm-up (a rate's "
+                    f"rounds differed by up to {spread:.0%})")
         adam_top = res.adam_params_per_s[res.threads[-1]]
         # DRAM capacity: the most traffic any measured kernel moved. A plain copy undercounts
         # (its writes also read the line first), so the Adam or cast traffic can exceed it; a
@@ -345,12 +346,14 @@ class Assembler:
                 f"measured: a cast team of {ct} threads (torch copy_ FP32 -> BF16 of {mib} MiB) "
                 f"and an update team of {ut} threads (fused AdamW on {mib // 4}M parameters), "
                 "each in its own thread with its own OpenMP team as the executor runs them, at "
-                f"once for {TEAMS_S_PER_ROUND:g} s in each of the {s.host_round_count} rounds of "
+                f"once for {TEAMS_S_PER_ROUND:g} s in each of the {s.host_rounds} rounds of "
                 "the host rates: (6 B x cast elements + 28 B x Adam parameters) / time, the "
-                f"median round (the rounds differed by up to {res.host_rounds.spread('teams'):.0%})")
+                f"{ROUNDS_RULE} of the rounds (they differed by up to "
+                f"{res.host_rounds.spread('teams'):.0%})")
             t["sources"]["dram_teams_cast_gbps"] = m.source(
-                "measured: the cast team's own part of dram_teams_gbps in its median round, 6 B "
-                "x cast elements / time (the rest is the update team's; HostSpec.cast_weight)")
+                "measured: the cast team's own part of dram_teams_gbps, 6 B x cast elements / "
+                f"time, the {ROUNDS_RULE} of the rounds (the rest is the update team's; "
+                "HostSpec.cast_weight)")
         if res.dram_dma is not None:
             ct, ut, gpus, bps = res.dram_dma
             t["dram_dma_gbps"] = [ct, ut, gpus, g4(bps / GB)]
@@ -358,9 +361,10 @@ class Assembler:
                 f"measured: the teams-at-once run (dram_teams_gbps: cast {ct} + update {ut} "
                 f"threads) with each of {gpus} GPU(s) copying {s.stream_copies} x "
                 f"{max(s.chunk_mib)} MiB both ways at once, pinned (a thread per GPU), "
-                f"{s.host_round_count} runs of {TEAMS_S_PER_ROUND:g} s: (the teams' bytes + the "
-                "copies' bytes) / time, all host-memory traffic of the executor's mix, the median "
-                f"run (the runs differed by up to {res.host_rounds.spread('teams with dma'):.0%})")
+                f"{s.host_rounds} runs of {TEAMS_S_PER_ROUND:g} s, each on fresh buffers: (the "
+                "teams' bytes + the copies' bytes) / time, all host-memory traffic of the "
+                f"executor's mix, the {ROUNDS_RULE} of the runs (they differed by up to "
+                f"{res.host_rounds.spread('teams with dma'):.0%})")
         if res.agent_gaps is not None and res.agent_gaps[2].gap_s:
             name, seq, gaps = res.agent_gaps
             t["agent_gap_us"] = {k: g4(v * 1e6) for k, v in gaps.gap_s.items()}
@@ -387,9 +391,9 @@ class Assembler:
                 "chunk_mib MiB / 2 B elements; the PCIe chunk sizes) from a slice rotating "
                 f"through a {res.cast_chunk_src_bytes // MIB} MiB FP32 buffer into {ring}, "
                 f"elements / time of one chunk; torch.set_num_threads, threads not pinned (OpenMP "
-                f"placement), median of {s.host_round_count} rounds over the thread counts, each "
-                f"the median of {reps} chunks, the first after {s.warmup} warm-up (a rate's "
-                f"rounds differed by up to {spread:.0%})")
+                f"placement), {ROUNDS_RULE} of {s.host_rounds} rounds over the thread counts, "
+                f"each on fresh buffers and the median of {reps} chunks, the first after "
+                f"{s.warmup} warm-up (a rate's rounds differed by up to {spread:.0%})")
         return t
 
     @staticmethod

@@ -56,15 +56,15 @@ class Results:
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
     adam_bf16_grad_params_per_s: dict[int, float] = field(default_factory=dict)
     # the samples of those four, of the cast by chunk size and of the teams at once, one per
-    # round (timing.Rounds): keys (kernel, threads) with kernel in HOST_KERNELS, ("cast chunk",
+    # round, each round on fresh buffers (timing.Rounds): keys (kernel, threads) with kernel in HOST_KERNELS, ("cast chunk",
     # chunk bytes, threads), ("teams", cast threads, update threads) and ("teams cast", ...)
     # its cast team's part, ("teams with dma", cast threads, update threads, GPUs)
     host_rounds: Rounds = field(default_factory=Rounds)
-    # the cast and update teams at once, the median round: (cast threads, update threads, DRAM
+    # the cast and update teams at once, over the rounds: (cast threads, update threads, DRAM
     # bytes/s, the cast team's bytes/s)
     dram_teams: tuple[int, int, float, float] | None = None
-    # the same with every GPU's duplex copies, the median of its rounds: (cast threads, update
-    # threads, GPUs, bytes/s)
+    # the same with every GPU's duplex copies, over its runs: (cast threads, update threads,
+    # GPUs, bytes/s)
     dram_dma: tuple[int, int, int, float] | None = None
     # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
     cast_chunk_elems_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -130,9 +130,10 @@ class Profiler:
     # ---- host ------------------------------------------------------------------------------
 
     def _host_steps(self) -> list[Step]:
-        """The host rates in `host_round_count` rounds over the thread counts, one sample of each
-        kernel at each count and one teams-at-once run per round (timing.Rounds; the warm-up runs
-        in the first round only), then each rate's median over the rounds."""
+        """The host rates in `host_rounds` rounds over the thread counts, each round on
+        freshly allocated buffers: one sample of each kernel at each count and one teams-at-once
+        run per round (timing.Rounds; the warm-up runs in the first round only), then each rate
+        over the rounds (Rounds.rate)."""
         r, s = self.res, self.s
         r.host_bytes = s.host_bytes(self.m.llc_bytes, self.m.ram_bytes)
         r.threads = s.threads(self.m.cores)
@@ -146,39 +147,37 @@ class Profiler:
                                     strict=True):
                 r.host_rounds.add((kernel, n), rate(n))
 
-        def medians():
+        team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
+        teams_keys = (("teams", team, team), ("teams cast", team, team))
+
+        def teams():
+            for key, bps in zip(teams_keys, self._host.teams_bps(team, team, TEAMS_S_PER_ROUND),
+                                strict=True):
+                r.host_rounds.add(key, bps)
+
+        def rates():
             for n in r.threads:
                 for kernel, rates in zip(HOST_KERNELS, (r.dram_bps, r.cast_elems_per_s,
                                                         r.adam_params_per_s,
                                                         r.adam_bf16_grad_params_per_s), strict=True):
-                    rates[n] = r.host_rounds.median((kernel, n))
+                    rates[n] = r.host_rounds.rate((kernel, n))
+            r.dram_teams = (team, team, *(r.host_rounds.rate(k) for k in teams_keys))
 
-        team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
-        teams_key = ("teams", team, team)
-
-        def teams():
-            total, cast = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND)
-            r.host_rounds.add(teams_key, total)
-            r.host_rounds.add(("teams cast", team, team), cast)
-
-        def teams_median():
-            k = r.host_rounds.median_round(teams_key)
-            r.dram_teams = (team, team, r.host_rounds.samples[teams_key][k],
-                            r.host_rounds.samples[("teams cast", team, team)][k])
-
-        steps = [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host)]
-        rounds = s.host_round_count
+        rounds, mib = s.host_rounds, r.host_bytes // MIB
+        steps = []
         for k in range(rounds):
+            steps.append(Step(f"allocate host buffers ({mib} MiB each), round {k + 1} of {rounds}",
+                              self._alloc_host))
             steps += [Step(f"host copy, cast, adam at {n} threads, round {k + 1} of {rounds}",
                            lambda n=n, k=k: sample(n, k)) for n in r.threads]
             steps.append(Step(f"cast and update teams of {team} threads at once, round {k + 1} "
                               f"of {rounds}", teams))
-        steps += [Step("host rates: medians over the rounds", medians),
-                  Step("teams at once: the median round", teams_median)]
+        steps.append(Step("host rates over the rounds", rates))
         return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
 
     def _alloc_host(self) -> None:
         s = self.s  # one timed sample per call: the rounds are the repeats
+        self._free_host()  # a fresh set, placed anew (timing.Rounds)
         self._host = host.HostBench(self.res.host_bytes, s.warmup, 1, s.host_sample_s)
 
     def _free_host(self) -> None:
@@ -191,6 +190,8 @@ class Profiler:
         pin = self.m.gpu_count > 0
 
         def alloc():
+            if self._cast is not None:
+                self._free_cast()  # a fresh set each round, placed anew (timing.Rounds)
             self._cast = host.CastChunkBench([c // BF16 for c in chunks], r.host_bytes,
                                              Plan().staging_chunks, pin, s.warmup, s.repeats)
             r.cast_chunk_src_bytes = self._cast.src_elems * FP32
@@ -202,17 +203,18 @@ class Profiler:
             for c in chunks:
                 r.host_rounds.add(("cast chunk", c, n), self._cast.elems_per_s(c // BF16, n))
 
-        def medians():
+        def rates():
             for n in r.threads:
                 for c in chunks:
-                    r.cast_chunk_elems_per_s[(c, n)] = r.host_rounds.median(("cast chunk", c, n))
+                    r.cast_chunk_elems_per_s[(c, n)] = r.host_rounds.rate(("cast chunk", c, n))
 
-        steps = [Step("allocate the cast source and " + ("pinned " if pin else "")
-                      + "staging ring", alloc)]
-        rounds = s.host_round_count
-        steps += [Step(f"cast by chunk size at {n} threads, round {k + 1} of {rounds}",
-                       lambda n=n, k=k: sample(n, k)) for k in range(rounds) for n in r.threads]
-        steps.append(Step("cast by chunk size: medians over the rounds", medians))
+        rounds, steps = s.host_rounds, []
+        for k in range(rounds):
+            steps.append(Step("allocate the cast source and " + ("pinned " if pin else "")
+                              + f"staging ring, round {k + 1} of {rounds}", alloc))
+            steps += [Step(f"cast by chunk size at {n} threads, round {k + 1} of {rounds}",
+                           lambda n=n, k=k: sample(n, k)) for n in r.threads]
+        steps.append(Step("cast by chunk size over the rounds", rates))
         return [*steps, Step("free the cast buffers", self._free_cast)]
 
     def _free_cast(self) -> None:
@@ -242,19 +244,20 @@ class Profiler:
 
         def teams_and_dma():
             key = ("teams with dma", team, team, gpus)
-            for _ in range(s.host_round_count):
+            for _ in range(s.host_rounds):
+                self._alloc_host()  # fresh buffers each run, as the rounds (timing.Rounds)
                 r.host_rounds.add(key, self._host.teams_bps(team, team, TEAMS_S_PER_ROUND,
                                                             self._pcie.dma_loads())[0])
-            r.dram_dma = (team, team, gpus, r.host_rounds.median(key))
+            r.dram_dma = (team, team, gpus, r.host_rounds.rate(key))
 
         steps = [Step("pin host buffers", alloc)]
         steps += [Step(f"PCIe GPU {g} alone and duplex", lambda g=g: alone(g)) for g in range(gpus)]
         if gpus >= 2:
             steps += [Step(f"PCIe all GPUs {k}", lambda k=k, d=d: all_gpus(k, d))
                       for k, d in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("both", pcie.DIRECTIONS))]
-        steps += [Step(f"allocate host buffers ({r.host_bytes // MIB} MiB each)", self._alloc_host),
-                  Step(f"cast and update teams of {team} threads with every GPU's copies, "
-                       f"{s.host_round_count} runs", teams_and_dma),
+        steps += [Step(f"cast and update teams of {team} threads with every GPU's copies, "
+                       f"{s.host_rounds} runs on fresh {r.host_bytes // MIB} MiB buffers",
+                       teams_and_dma),
                   Step("free host buffers", self._free_host)]
         return [*steps, Step("unpin host buffers", self._free_pcie)]
 

@@ -10,13 +10,11 @@ sustained layer run keeps GPU 0 busy for about `sustained_s` seconds per (model,
 micro-batch) point, half per activation policy, and at least `sustained_min_iters` iterations of
 each. A host rate's timed sample repeats its kernel for at least `host_sample_s` (the quick
 profile's buffers take ~40 ms an Adam pass: single passes read up to 31% apart between profiles
-of one machine kind, 2026-11-30), and the host rates are sampled in `host_rounds` rounds (default `repeats`) over the
-thread counts, each rate the median of its rounds (timing.Rounds: on 2026-12-01 a quick profile
-whose samples of one rate ran back to back read the cast at 16 threads 15% below 12 threads,
-and its host figures 20% below what the executor then ran at on the same machine; `slidedp
-profile --host-rounds N` takes more rounds, i.e. a longer average, on a machine whose host speed
-drifts: two quick profiles 3 minutes apart on one nvidia-h200 lease read AdamW at 12 threads
-4.55 and 3.51 Gparam/s, their rounds up to 46% apart).
+of one machine kind, 2026-11-30), and the host rates are sampled in `host_rounds` rounds over the
+thread counts, each on freshly allocated buffers (timing.Rounds: on nvidia-h200 a rate depended
+on where its buffers landed, up to 34% apart between allocations, in two groups; two 9-round
+profiles on one allocation each read AdamW at 12 threads 3.70 and 4.34 Gparam/s, 2026-12-01);
+`slidedp profile --host-rounds N` takes more.
 """
 
 from __future__ import annotations
@@ -39,15 +37,11 @@ class Sizes:
     collective_mib: tuple[int, ...]  # NCCL message sizes (the full, unsharded buffer)
     micro_batches: tuple[int, ...]  # default --micro-batch list of the layer timing
     warmup: int  # untimed runs before the timed ones
-    repeats: int  # timed runs, the median kept (host rates: rounds over the thread counts)
+    repeats: int  # timed runs, the median kept
     sustained_s: float = 1.5  # back-to-back layer fwd + bwd per (model, seq, micro-batch) point
     sustained_min_iters: int = 6  # ... and at least this many iterations per policy
     host_sample_s: float = 0.0  # a timed host-rate sample repeats its kernel for at least this
-    host_rounds: int = 0  # rounds of the host rates over the thread counts (0: `repeats`)
-
-    @property
-    def host_round_count(self) -> int:
-        return self.host_rounds or self.repeats
+    host_rounds: int = 7  # rounds of the host rates over the thread counts, fresh buffers each
 
     def host_bytes(self, llc_bytes: int, ram_bytes: float) -> int:
         want = max(self.host_floor_bytes, int(self.llc_multiple * llc_bytes))
@@ -63,7 +57,8 @@ class Sizes:
 
 FULL = Sizes(host_floor_bytes=GIB, llc_multiple=4, thread_step=2, chunk_mib=(4, 16, 64, 256),
              stream_copies=8, collective_mib=(16, 64, 256), micro_batches=(1, 4, 16),
-             warmup=2, repeats=7, sustained_s=3.0, sustained_min_iters=8, host_sample_s=0.25)
+             warmup=2, repeats=7, sustained_s=3.0, sustained_min_iters=8, host_sample_s=0.25,
+             host_rounds=9)
 QUICK = Sizes(host_floor_bytes=256 * MIB, llc_multiple=2, thread_step=4, chunk_mib=(16, 64, 256),
               stream_copies=4, collective_mib=(64, 256), micro_batches=(1, 4), warmup=1,
               repeats=3, sustained_s=1.5, sustained_min_iters=6, host_sample_s=0.1)

@@ -29,13 +29,14 @@ def rounds_line(req: Request, res: Results) -> str:
     sampled = res.host_rounds.kernels()
     spread = {k: res.host_rounds.spread(k) for k in (*HOST_KERNELS, "cast chunk", *TEAMS)
               if k in sampled}
-    line = (f"host rates: medians of {req.sizes.host_round_count} rounds; the rounds differed "
-            "by up to " + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
+    line = (f"host rates: {req.sizes.host_rounds} rounds, each on fresh buffers; the rounds "
+            "differed by up to " + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
     if max(spread.values(), default=0.0) > UNSTEADY:
-        line += (f". Above {UNSTEADY:.0%}: something else loaded this machine's CPUs or memory, "
-                 "or its host speed drifts; host-bound predictions hold only within that spread. "
-                 "Profile again when it is idle, or with more rounds (--host-rounds) for a longer "
-                 "average")
+        line += (f". Above {UNSTEADY:.0%}: the host's speed depends on where its buffers land, "
+                 "or something else loaded this machine's CPUs or memory; host-bound predictions "
+                 "hold only within that spread (the executor's runs, each on a host state of its "
+                 "own, spread alike). Profile again when it is idle, or with more rounds "
+                 "(--host-rounds) for a longer average")
     return line
 
 

@@ -7,9 +7,9 @@ before it stops, a sample repeating the call for at least `min_s` when given. `c
 times work that `fn` enqueues on the current CUDA stream with CUDA events recorded around it on
 that stream: the GPU time of that work, with the host's launch time hidden when the queue runs
 ahead. `run_together` runs bodies in threads of their own whose measured parts start together.
-`Rounds` keeps rates sampled once per round of a sweep (the host rates against thread count):
-each rate's samples then lie seconds apart, so a burst of load from elsewhere on a shared machine
-costs one sample of a rate, not its whole median, and the rounds' spread says how steady it was.
+`Rounds` keeps rates sampled once per round of a sweep (the host rates against thread count,
+each round on freshly allocated buffers): each rate's samples then lie seconds apart and on
+memory placed anew, and a rate is the trimmed harmonic mean of its rounds (Rounds.rate).
 """
 
 from __future__ import annotations
@@ -69,7 +69,18 @@ def cuda_median_s(fn: Callable[[], object], warmup: int, repeats: int) -> float:
 
 class Rounds:
     """Rates by key, one sample per round (module docstring); a key is (kernel, *where), e.g.
-    ("adam", threads)."""
+    ("adam", threads).
+
+    A rate is the harmonic mean of its rounds, the fastest and the slowest left out from 5
+    rounds on: the rate of the mean time per unit of work, which is what a fixed amount of work
+    (an update of N parameters) takes on average. On nvidia-h200 (2026-12-01 18:07) a host
+    rate depended on where its buffers landed: AdamW at 12 threads read 3.25-4.35 Gparam/s on
+    ten fresh allocations of the same buffers, in two groups, within 9% on any one of them
+    (benchmarks/host_placement_probe.py); so each round samples fresh buffers, and a median of
+    such rounds would pick one group or the other by chance. Leaving out the two extremes keeps
+    one burst of load from elsewhere from moving the rate."""
+
+    TRIM_FROM = 5  # rounds from which the fastest and the slowest are left out
 
     def __init__(self) -> None:
         self.samples: dict[tuple, list[float]] = defaultdict(list)
@@ -77,15 +88,17 @@ class Rounds:
     def add(self, key: tuple, rate: float) -> None:
         self.samples[key].append(rate)
 
-    def median(self, key: tuple) -> float:
-        return statistics.median(self.samples[key])
+    def rate(self, key: tuple) -> float:
+        xs = sorted(self.samples[key])
+        if len(xs) >= self.TRIM_FROM:
+            xs = xs[1:-1]
+        return statistics.harmonic_mean(xs)
 
-    def median_round(self, key: tuple) -> int:
-        """The round whose sample of `key` is its median (the upper middle one for an even
-        count): where one round measured several figures at once (the teams' total and the
-        cast team's part of it), they are all taken from that round."""
-        xs = self.samples[key]
-        return sorted(range(len(xs)), key=xs.__getitem__)[len(xs) // 2]
+    def spread(self, kernel: str) -> float:
+        """The largest max / min - 1 of one key's rounds over the keys of `kernel` (0 where none
+        was sampled): 0.25 = some rate of it differed by 25% between rounds."""
+        return max((max(v) / min(v) - 1 for k, v in self.samples.items()
+                    if k[0] == kernel and min(v) > 0), default=0.0)
 
     def kernels(self) -> set[str]:
         return {k[0] for k in self.samples}
@@ -96,11 +109,9 @@ class Rounds:
         return [{"kernel": k[0], "where": list(k[1:]), "rates": list(v)}
                 for k, v in self.samples.items()]
 
-    def spread(self, kernel: str) -> float:
-        """The largest max / min - 1 of one key's rounds over the keys of `kernel` (0 where none
-        was sampled): 0.25 = some rate of it differed by 25% between rounds."""
-        return max((max(v) / min(v) - 1 for k, v in self.samples.items()
-                    if k[0] == kernel and min(v) > 0), default=0.0)
+
+ROUNDS_RULE = (f"the harmonic mean (without the fastest and the slowest from {Rounds.TRIM_FROM} "
+               "on)")  # Rounds.rate, in the profile's source lines
 
 
 def run_together(bodies: Sequence[Callable[[Callable[[], None]], None]], what: str) -> None:

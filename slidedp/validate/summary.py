@@ -30,7 +30,8 @@ def case_row(folder: Path) -> dict:
            "micro_batch": case.micro_batch, "param_route": str(p.param_route),
            "grad_route": str(p.grad_route), "update_sharding": str(p.update_sharding),
            "chunk_mib": p.h2d_chunk_mib, "host_bf16_copy": p.host_bf16_copy,
-           "measured_s": meas["step_time_s"], "hardware": pred.get("hardware", {}).get("name", "")}
+           "measured_s": meas["step_time_s"], "measured_runs_spread": runs_spread(meas),
+           "hardware": pred.get("hardware", {}).get("name", "")}
     # imported cases name their results file; a `slidedp validate` run, its date and profile
     row["source"] = (Path(meas.get("source") or "").name or f"slidedp validate {meas['date']} "
                      f"{meas['machine']} ({row['hardware'] or 'no prediction'})")
@@ -45,6 +46,13 @@ def case_row(folder: Path) -> dict:
         row[f"measured_{c.lower()}_s"] = meas["channel_s"].get(c, 0.0)
         row[f"simulated_{c.lower()}_s"] = sim.get("channel_busy_s", {}).get(c)
     return row
+
+
+def runs_spread(meas: dict) -> float | None:
+    """How far a case's runs (each on a host state of its own) measured apart: max / min - 1 of
+    their step times; None for one run. The measurement's own uncertainty, beside the errors."""
+    runs = meas.get("run_step_times_s") or []
+    return max(runs) / min(runs) - 1 if len(runs) >= 2 and min(runs) > 0 else None
 
 
 def summary_rows(root: Path, pattern: str = "*") -> list[dict]:
@@ -107,7 +115,9 @@ def markdown(root: Path, rows: list[dict]) -> str:
         out.append(f"| {len(part)} | {src or '-'} | {machines} | {hws} | {_pct(a['mape'])} | "
                    f"{_pct(a['max'])} | {_pct(s['mape'])} | {_pct(s['max'])} | "
                    f"{s['max_case'] or ''} |")
-    out += ["", "| case | R | gb:mb | routes (param/grad/update) | measured s | analytic s | "
+    out += ["", "Measured s: the mean over the case's runs, each on a host state of its own, and "
+            "how far apart they measured (max / min - 1) where there were two or more.", "",
+            "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | analytic s | "
             "simulated s | bound (sim): by (busiest host resource) | busy s measured / simulated: upload, compute, download, update |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -116,9 +126,10 @@ def markdown(root: Path, rows: list[dict]) -> str:
                          for c in ("upload", "compute", "download", "update"))
         an = "" if r["analytic_s"] is None else f"{r['analytic_s']:.3f} ({_pct(r['analytic_error'], True)})"
         si = "" if r["simulated_s"] is None else f"{r['simulated_s']:.3f} ({_pct(r['simulated_error'], True)})"
+        spread = "" if r["measured_runs_spread"] is None else f" ({_pct(r['measured_runs_spread'])})"
         out.append(f"| {r['case']} | {r['gpus']} | {r['global_batch']}:{r['micro_batch']} | "
                    f"{r['param_route']}/{r['grad_route']}/{r['update_sharding']} | "
-                   f"{r['measured_s']:.3f} | {an} | {si} | {r['simulated_bound_by']} "
+                   f"{r['measured_s']:.3f}{spread} | {an} | {si} | {r['simulated_bound_by']} "
                    f"({r['simulated_host_resource']}) | {busy} |")
     notes = _notes(root, store.stored_cases(root))
     if notes:

@@ -1,0 +1,81 @@
+"""Does a host rate depend on where its buffers landed? The profile's host samples on several
+fresh allocations of the same buffers.
+
+On 2026-12-01 17:57 the two runs of one validation case on nvidia-h200, each on a host state of
+its own, ran steady within themselves but 2.26 and 1.88 s a step apart, while 9 rounds of the
+profile's samples on one set of buffers agreed with another profile's 9 rounds within ~3%. If
+the speed is set by the buffers' physical placement (a VM's memory spread over the host's
+memory in a way the guest cannot see), samples on one allocation cannot average it away.
+
+For each of `--sets` allocations (profile.host.HostBench with the quick profile's buffer size;
+the master, m and v on /dev/shm as the executor's host state, or `--memory anonymous`): a few
+AdamW and cast samples at the default team size and a teams-at-once run; then the buffers are
+freed. The summary sets the spread between allocations (of each set's median) beside the spread
+within one (of its samples).
+
+    python3 benchmarks/host_placement_probe.py OUT.json [--sets 10] [--samples 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+
+import torch
+
+from slidedp.exec.host_state import private_shared
+from slidedp.profile.host import HostBench
+from slidedp.profile.machine import probe_machine
+from slidedp.profile.run import TEAMS_S_PER_ROUND
+from slidedp.profile.sizes import QUICK
+from slidedp.spec.plan import team_cores
+
+MEMORY = {"shm": private_shared, "anonymous": lambda n, dtype: torch.empty(n, dtype=dtype)}
+
+
+def spread(xs: list[float]) -> float:
+    return max(xs) / min(xs) - 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--sets", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--memory", choices=sorted(MEMORY), nargs="+", default=["shm", "anonymous"])
+    args = ap.parse_args()
+    m = probe_machine()
+    team = team_cores(m.cores)
+    nbytes = QUICK.host_bytes(m.llc_bytes, m.ram_bytes)
+    doc = {"machine": f"{m.hostname} ({m.cpu_model}, {m.cores} cores, {m.gpus()}) {m.date}",
+           "threads": team, "buffer_bytes": nbytes,
+           "units": "adam params/s, cast elements/s, teams bytes/s", "sets": {}}
+    for kind in args.memory:
+        sets = []
+        for _ in range(args.sets):
+            bench = HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s, MEMORY[kind])
+            bench.adam_params_per_s(team)  # warm: the first pass also faults pages in
+            bench.cast_elems_per_s(team)
+            bench.warmup = 0
+            sets.append({"adam": [bench.adam_params_per_s(team) for _ in range(args.samples)],
+                         "cast": [bench.cast_elems_per_s(team) for _ in range(args.samples)],
+                         "teams": [bench.teams_bps(team, team, TEAMS_S_PER_ROUND)[0]
+                                   for _ in range(2)]})
+            del bench
+            gc.collect()
+        doc["sets"][kind] = sets
+        for k in ("adam", "cast", "teams"):
+            medians = [statistics.median(s[k]) for s in sets]
+            within = statistics.median(spread(s[k]) for s in sets)
+            print(f"{kind:9s} {k:5s} set medians {min(medians) / 1e9:.2f}-{max(medians) / 1e9:.2f}e9"
+                  f" (between sets {spread(medians):4.0%}; within a set, median {within:4.0%})"
+                  f"  [{', '.join(f'{x / 1e9:.2f}' for x in medians)}]")
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
