@@ -7,13 +7,14 @@ profile's samples on one set of buffers agreed with another profile's 9 rounds w
 the speed is set by the buffers' physical placement (a VM's memory spread over the host's
 memory in a way the guest cannot see), samples on one allocation cannot average it away.
 
-For each of `--sets` allocations (profile.host.HostBench with the quick profile's buffer size;
-the master, m and v on /dev/shm as the executor's host state, or `--memory anonymous`): a few
-AdamW and cast samples at the default team size and a teams-at-once run; then the buffers are
-freed. The summary sets the spread between allocations (of each set's median) beside the spread
-within one (of its samples).
+For each of `--sets` allocations (profile.host.HostBench with the quick profile's buffer size,
+or each of `--mib` sizes; the master, m and v on /dev/shm as the executor's host state, or
+`--memory anonymous`): a few AdamW and cast samples at the default team size and a teams-at-once
+run; then the buffers are freed. The summary sets the spread between allocations (of each set's
+median) beside the spread within one (of its samples), per buffer size: does a large
+allocation, as the executor's host state (16 B a parameter), run slower than the profile's?
 
-    python3 benchmarks/host_placement_probe.py OUT.json [--sets 10] [--samples 5]
+    python3 benchmarks/host_placement_probe.py OUT.json [--sets 10] [--samples 5] [--mib 600 9600]
 """
 
 from __future__ import annotations
@@ -45,14 +46,17 @@ def main() -> int:
     ap.add_argument("--sets", type=int, default=10)
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--memory", choices=sorted(MEMORY), nargs="+", default=["shm", "anonymous"])
+    ap.add_argument("--mib", type=int, nargs="+", help="buffer sizes, MiB each (default: the "
+                    "quick profile's)")
     args = ap.parse_args()
     m = probe_machine()
     team = team_cores(m.cores)
-    nbytes = QUICK.host_bytes(m.llc_bytes, m.ram_bytes)
+    sizes = [n * 2**20 for n in args.mib] if args.mib else [QUICK.host_bytes(m.llc_bytes,
+                                                                                m.ram_bytes)]
     doc = {"machine": f"{m.hostname} ({m.cpu_model}, {m.cores} cores, {m.gpus()}) {m.date}",
-           "threads": team, "buffer_bytes": nbytes,
-           "units": "adam params/s, cast elements/s, teams bytes/s", "sets": {}}
-    for kind in args.memory:
+           "threads": team, "units": "adam params/s, cast elements/s, teams bytes/s",
+           "sets": {}}
+    for kind, nbytes in ((k, n) for n in sizes for k in args.memory):
         sets = []
         for _ in range(args.sets):
             bench = HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s, MEMORY[kind])
@@ -65,11 +69,12 @@ def main() -> int:
                                    for _ in range(2)]})
             del bench
             gc.collect()
-        doc["sets"][kind] = sets
+        label = f"{kind} {nbytes >> 20} MiB"
+        doc["sets"][label] = sets
         for k in ("adam", "cast", "teams"):
             medians = [statistics.median(s[k]) for s in sets]
             within = statistics.median(spread(s[k]) for s in sets)
-            print(f"{kind:9s} {k:5s} set medians {min(medians) / 1e9:.2f}-{max(medians) / 1e9:.2f}e9"
+            print(f"{label:19s} {k:5s} set medians {min(medians) / 1e9:.2f}-{max(medians) / 1e9:.2f}e9"
                   f" (between sets {spread(medians):4.0%}; within a set, median {within:4.0%})"
                   f"  [{', '.join(f'{x / 1e9:.2f}' for x in medians)}]")
     with open(args.out, "w") as f:
