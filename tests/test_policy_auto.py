@@ -362,6 +362,38 @@ def test_calibration_rounds_measure_what_the_milps_choose_then_solve_again():
     assert rep.stages_s["policy costs measured"] >= 0 and rep.stages_s["activation MILPs"] > 0
 
 
+def test_calibrations_keep_within_their_share_of_the_time_limit(monkeypatch):
+    """On a clock where the simulated stages take no time and a calibration or a probe 10 s,
+    with a 30 s limit: calibrations end within CALIBRATION_SHARE of it (15 s), so the first
+    runs (0-10 s) and the next, which would end at 20 s, does not; its policy keeps the
+    simulated tau_j and the report says why; the probes still get their time after."""
+    hw, wl = _tiny()
+    unbounded = []
+    auto_plan(hw, wl, 40 * GIB, calibrate=lambda ref, name: unbounded.append(name) or 1.0)
+    assert len(unbounded) >= 2  # without a limit, two rounds measure two policies or more
+    now = [0.0]
+    monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    calls, probed = [], []
+
+    def calibrate(ref, name):
+        calls.append(name)
+        now[0] += 10.0
+        return 1.0
+
+    def probe(plan):
+        probed.append(plan)
+        now[0] += 10.0
+        return 1.0
+
+    _, rep = auto_plan(hw, wl, 40 * GIB, calibrate=calibrate, probe=probe, probe_device="fake",
+                       time_limit_s=30.0)
+    assert auto.CALIBRATION_SHARE == 0.5 and calls == unbounded[:1]
+    assert rep.measured_taus == set(calls)
+    late = [n for n in rep.notes if "keep within 50% of the selection's time limit" in n]
+    assert len(late) == 1 and unbounded[1] in late[0]
+    assert probed and rep.selection_s <= 30.0
+
+
 def test_calibration_rounds_simulate_nothing_twice(monkeypatch):
     """Re-solving after a calibration round reuses the simulated plans (sim/batch.py StepTimes,
     here in this process): the rounds add only the measured costs, not a second pass of

@@ -14,7 +14,11 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        profile), the policies the finalists' MILPs chose (kept or dropped in step 7) get
        measured tau_j and the MILPs are solved again, for at most CALIBRATION_ROUNDS rounds (a
        round measures only policies newly chosen): real runs go to the policies that can
-       matter, not the whole shortlist. With probes, where the simulator prices no policy on
+       matter, not the whole shortlist. With a time limit, a policy's calibration starts only
+       where, at the longest calibration so far, it ends within CALIBRATION_SHARE of the limit:
+       the rest is kept for the probes, which come after (on nvidia-h200 the calibrations took
+       15-22 s and the probes 30 s of a 56-67 s selection, 2026-12-01); a policy left out keeps
+       its simulated tau_j, and the report says so. With probes, where the simulator prices no policy on
        the best simulated finalist (host-bound), nothing is measured per layer: the MILP's pick
        among equal costs says nothing then, and per-layer savings do not add up on such a step
        (_priced_none); whole plans are probed instead (below). The simulations of these
@@ -89,6 +93,7 @@ __all__ = ["GIB", "PolicyReport", "auto_plan", "capped"]
 
 MAX_RESOLVES = 3
 CALIBRATION_ROUNDS = 2  # measure the policies the MILPs chose, solve again (method.md 7, step 6)
+CALIBRATION_SHARE = 0.5  # of the time limit: calibrations end within it, the probes get the rest
 UNPRICED_S = 1e-4  # seconds per layer: a simulated saving below this is none (_priced_none)
 UNPRICED_POLICIES = 2  # policies probed on every layer where the simulator prices none
 BUDGET_TIGHTEN = 0.02  # fraction of the activation budget removed per re-solve
@@ -246,15 +251,33 @@ def _simulated_first(finalists: list[Finalist]) -> list[Finalist]:
     return best_first(finalists, lambda f: f.simulated_score_s, lambda f: f.route.plan)
 
 
-def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str],
-                notes: list[str]) -> dict[str, float]:
-    """Measured marginal seconds per layer over `layer` for `names`, where the probe gives one."""
-    out = {n: d for n in names if (d := calibrate(reference, n)) is not None}
-    skipped = [n for n in names if n not in out]
-    if skipped:
-        notes.append(f"tau_j simulated, not measured, for {', '.join(skipped)}: the probe did not "
+def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str], notes: list[str],
+                until: float | None, longest: float,
+                setup_s: Callable[[], float]) -> tuple[dict[str, float], float]:
+    """Measured marginal seconds per layer over `layer` for `names`, where the probe gives one;
+    with `until` (time.perf_counter() seconds), a calibration starts only where one as long as
+    the longest so far (`longest` seconds, from earlier rounds too; the probe's one-off setup,
+    `setup_s()` so far, left out as in _confirm) still ends by then. (The measured costs, the
+    longest calibration's seconds.)"""
+    out, late = {}, []
+    for n in names:
+        if until is not None and time.perf_counter() + longest > until:
+            late.append(n)
+            continue
+        t, setup = time.perf_counter(), setup_s()
+        d = calibrate(reference, n)
+        longest = max(longest, time.perf_counter() - t - (setup_s() - setup))
+        if d is not None:
+            out[n] = d
+    refused = [n for n in names if n not in out and n not in late]
+    if refused:
+        notes.append(f"tau_j simulated, not measured, for {', '.join(refused)}: the probe did not "
                      "measure them (a policy the executor does not run, or a refused run)")
-    return out
+    if late:
+        notes.append(f"tau_j simulated, not measured, for {', '.join(late)}: the calibrations "
+                     f"keep within {CALIBRATION_SHARE:.0%} of the selection's time limit, the "
+                     "rest is the probes'")
+    return out, longest
 
 
 def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
@@ -356,6 +379,8 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
                          "step it calls host-bound): nothing is measured per layer, whole plans "
                          "are probed instead")
     tried: set[str] = set()
+    calibrated_by = None if time_limit_s is None else start + CALIBRATION_SHARE * time_limit_s
+    longest = 0.0
     for _ in range(CALIBRATION_ROUNDS if calibrate is not None and not unpriced else 0):
         # with probes, a dropped mix's policies too: a probe may take it (_probe_mix)
         picked = sorted({n for f in finalists for n in (
@@ -364,7 +389,10 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
         if not picked:
             break
         tried.update(picked)
-        measured |= _calibrated(calibrate, routes[0].plan, picked, rep.notes)
+        costs, longest = _calibrated(calibrate, routes[0].plan, picked, rep.notes,
+                                     calibrated_by, longest,
+                                     lambda: getattr(probe, "setup_s", 0.0))
+        measured |= costs
         lap("policy costs measured")
         finalists = solved()
         lap("activation MILPs")
@@ -372,7 +400,7 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
     sims.close()  # the simulated stages are over: no idle workers beside the probes
     finalists = _simulated_first(finalists)
     simulated_best = finalists[0].route.plan
-    longest = 0.0
+    longest = 0.0  # the longest probe, from here on
     if probe is not None:  # time kept for the probes after these: the mix's, or the whole plans'
         after = UNPRICED_POLICIES if unpriced else 1
         finalists, probed, longest = _confirm(probe, finalists, rep.notes, deadline, after)
