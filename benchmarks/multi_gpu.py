@@ -27,6 +27,7 @@ that released it (each row records it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -62,14 +63,18 @@ def main() -> int:
     a = ap.parse_args()
     if a.switch_interval_s is not None:
         sys.setswitchinterval(a.switch_interval_s)
+    with contextlib.ExitStack() as stack:  # a failure reaches the session: the peers stop too
+        sess = None
+        if "RANK" in os.environ:
+            from slidedp.exec.dist.session import DistSession
+            sess = stack.enter_context(DistSession(device=a.device))
+        return run_cases(a, sess, stack)
+
+
+def run_cases(a: argparse.Namespace, sess, stack: contextlib.ExitStack) -> int:
     spec = load_model(a.model)
     cfg = dict(spec.config)
-    distributed = "RANK" in os.environ
     R = int(os.environ.get("WORLD_SIZE", "1"))
-    sess = None
-    if distributed:
-        from slidedp.exec.dist.session import DistSession
-        sess = DistSession(device=a.device).__enter__()
     rank = sess.rank if sess else 0
     cuda = a.device == "cuda"
     if cuda:
@@ -95,6 +100,8 @@ def main() -> int:
                   "gpu_peak_gib": ref["gpu_peak_bytes"] / GIB})
 
     hs = random_host_state(cfg, None, sess)
+    if sess is None:  # a session's host state is the session's to close
+        stack.callback(hs.close)
     for case in [c for c in a.cases if not c.startswith("ref:")]:
         gb, mb, plan = parse_case_spec(case)
         pr, gr, us = str(plan.param_route), str(plan.grad_route), str(plan.update_sharding)
@@ -115,10 +122,6 @@ def main() -> int:
               "channel_s": m.channel_s, "loss_last": m.loss_last,
               # the last step: per GPU, the time its compute stream ran nothing (exposed)
               "compute_idle_s": [round(x, 4) for x in idle.values()]})  # by rank
-    if sess:
-        sess.__exit__(None, None, None)
-    else:
-        hs.close()
     return 0
 
 

@@ -44,6 +44,28 @@ def test_multi_gpu_benchmark_runs_cases_with_plan_overrides(tmp_path):
     assert 0 <= idle < row["all_steps_s"][-1]
 
 
+def test_multi_gpu_benchmark_on_two_ranks_and_a_failing_case(tmp_path):
+    """Under torchrun, two CPU ranks: a good case writes one row for both ranks; a bad case
+    string ends both ranks with its error (the session's exit path: the script leaves its
+    session through a context, so a rank's failure reaches the session's failure protocol,
+    tests/test_dist_faults.py) and leaves nothing in /dev/shm."""
+    out = tmp_path / "mg2.jsonl"
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    before = set(os.listdir("/dev/shm"))
+    p = _run(*torchrun, "benchmarks/multi_gpu.py", str(out), "tiny-qwen3",
+             "2:1:sharded:gpu:rank0:window_slots=2", "--seq", "32", "--iters", "2",
+             "--discard", "1", "--device", "cpu")
+    assert p.returncode == 0, p.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["ranks"] == 2 and row["step_s"] > 0
+    p = _run(*torchrun, "benchmarks/multi_gpu.py", str(tmp_path / "bad.jsonl"), "tiny-qwen3",
+             "2:1:sharded:gpu:rank0:layer_policies=[nope]", "--seq", "32", "--iters", "2",
+             "--discard", "1", "--device", "cpu")
+    assert p.returncode != 0 and "nope" in p.stderr, p.stderr[-3000:]
+    assert not (tmp_path / "bad.jsonl").exists()
+    assert set(os.listdir("/dev/shm")) <= before
+
+
 def test_probe_state_check_times_both_states_interleaved(tmp_path):
     out = tmp_path / "ps.json"
     p = _run("benchmarks/probe_state_check.py", str(out), "--model", "tiny-qwen3", "--seq", "32",
