@@ -2,6 +2,7 @@
 measured run on the CPU (one in-process rank and two torchrun ranks over gloo). On the CPU the
 predictions of an H200 are meaningless: the run checks files and keys, not errors."""
 
+import dataclasses
 import gzip
 import json
 import os
@@ -15,9 +16,11 @@ import pytest
 
 from slidedp.cli import main
 from slidedp.spec.errors import SpecError
+from slidedp.spec.hardware import load_hardware
 from slidedp.spec.plan import GradRoute, ParamRoute
 from slidedp.validate import store
 from slidedp.validate.cases import case_toml, load_cases, parse_case_spec, parse_cases
+from slidedp.validate.hostcheck import against_profile
 from slidedp.validate.importer import NO_TRACE, import_results, trace_file_name
 from slidedp.validate.summary import runs_spread
 from slidedp.validate.traces import GZIP_MAGIC, load_trace, read_trace_doc
@@ -117,6 +120,21 @@ def test_a_failed_later_run_leaves_the_completed_runs(tmp_path, monkeypatch):
     meas = store.read_json(tmp_path / name / store.MEASURED)
     assert meas["run_step_times_s"] == [1.0] and meas["step_time_s"] == 1.0
     assert "1 of the 2 runs failed" in meas["notes"][-1]
+
+
+def test_host_check_against_the_profile():
+    """A check reading exactly the hardware file's rates is 1.0 of it on every kernel; one
+    reading half its AdamW, 0.5 there; the teams only where the file measured them."""
+    hw = load_hardware("h200x1")
+    n = 12
+    same = {"threads": n, "adam_gparam_per_s": hw.host.adam_rate(n) / 1e9,
+            "cast_gelem_per_s": hw.host.cast_rate(n) / 1e9, "teams_gbps": 100.0}
+    assert hw.host.dram_teams is None
+    assert against_profile(same, hw) == {"adam": pytest.approx(1.0), "cast": pytest.approx(1.0)}
+    half = same | {"adam_gparam_per_s": same["adam_gparam_per_s"] / 2}
+    assert against_profile(half, hw)["adam"] == pytest.approx(0.5)
+    teams = dataclasses.replace(hw, host=dataclasses.replace(hw.host, dram_teams=(n, n, 200e9)))
+    assert against_profile(same, teams)["teams"] == pytest.approx(0.5)
 
 
 def test_runs_spread_is_the_measurements_own_uncertainty():
@@ -249,6 +267,11 @@ def test_tiny_cpu_run_writes_every_file(tmp_path, capfd):
         assert len(runs) == 2, (meas["notes"], err)  # a failed run: why
         assert meas["step_time_s"] == pytest.approx(sum(runs) / 2)
         assert meas["run_all_steps_s"][-1] == meas["all_steps_s"] and "--runs 2" in meas["command"]
+        checks = meas["run_host_checks"]  # one host check before each run, kept with the case
+        assert len(checks) == 2 and meas["host_check"] == checks[-1]
+        assert all(c["adam_gparam_per_s"] > 0 and c["threads"] >= 1 for c in checks)
+        vs = json.loads((f / store.PREDICTED).read_text())["host_check_vs_profile"]
+        assert set(vs) >= {"adam", "cast"} and all(len(v) == 2 and min(v) > 0 for v in vs.values())
         spread = runs_spread(meas)
         assert f"| {meas['step_time_s']:.3f} ({100 * spread:.1f}%) |" in (
             out / store.SUMMARY_MD).read_text()

@@ -6,7 +6,8 @@ its cases in the file's order. A group whose rank processes fail is reported and
 still run. With `runs` > 1 the group runs that many times, each on a host state of its own
 (method.md section 10: average over 2 runs): a case's step time is the mean of the runs' (each
 run's in `run_step_times_s`, its steps in `run_all_steps_s`); its channel seconds, trace and
-memory figures are the last run's.
+memory figures are the last run's. Each run starts with a host check (validate/hostcheck.py),
+kept in the cases' measured.json (`host_check`; every run's in `run_host_checks`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from slidedp.exec.dist.launch import launch
 from slidedp.spec.errors import SpecError
 from slidedp.validate import store
 from slidedp.validate.cases import Case, case_toml
+from slidedp.validate.hostcheck import host_check
 from slidedp.validate.worker import run_group, run_meta
 
 RANK_TIMEOUT_S = 3600.0
@@ -46,16 +48,21 @@ def check_devices(cases: list[Case], device: str, where: str) -> None:
 
 def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, discard: int,
                   machine: str, command: str, runs: int = 1) -> list[str]:
-    """Measure every case into root/<case>/, `runs` times (module docstring); the names of the
-    cases whose group failed."""
+    """Measure every case into root/<case>/, `runs` times (module docstring), each run after a
+    host check (validate/hostcheck.py) kept with its cases; the names of the cases whose group
+    failed."""
     failed: list[str] = []
     for group in groups(cases):
         per_run = []
         for _ in range(runs):
+            check = host_check()
             if not _measure_group(group, root, device, iters, discard, machine, command):
                 failed += [c.name for c in group]
                 break
-            per_run.append({c.name: store.read_json(root / c.name / store.MEASURED) for c in group})
+            per_run.append({c.name: store.read_json(root / c.name / store.MEASURED)
+                            | {"host_check": check} for c in group})
+            for c in group:
+                store.write_json(root / c.name / store.MEASURED, per_run[-1][c.name])
         if runs > 1 and per_run:  # a failed later run may have overwritten some cases: every
             # case gets the runs that completed, and says how many
             for c in group:

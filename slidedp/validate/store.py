@@ -85,4 +85,5 @@ def merged_runs(runs: list[dict], asked: int) -> dict:
         "tokens_per_s": last["tokens_per_s"] * last["step_time_s"] / step,
         "run_step_times_s": [r["step_time_s"] for r in runs],
         "run_all_steps_s": [r["all_steps_s"] for r in runs],
+        "run_host_checks": [r.get("host_check") for r in runs],
         "notes": last["notes"] + [note]}

@@ -14,6 +14,7 @@ import csv
 from pathlib import Path
 
 from slidedp.validate import store
+from slidedp.validate.hostcheck import KERNELS
 
 CHANNELS = ("UPLOAD", "COMPUTE", "REDUCTION", "DOWNLOAD", "UPDATE")
 MODELS = ("analytic", "simulated")
@@ -39,6 +40,9 @@ def case_row(folder: Path) -> dict:
         s = pred.get(m, {}).get("step_time_s")
         row[f"{m}_s"] = s
         row[f"{m}_error"] = None if s is None else (s - meas["step_time_s"]) / meas["step_time_s"]
+    for k in KERNELS:  # the host check's rates over the profile's, mean over the runs
+        ratios = pred.get("host_check_vs_profile", {}).get(k)
+        row[f"host_check_{k}"] = sum(ratios) / len(ratios) if ratios else None
     sim = pred.get("simulated", {})
     row["simulated_bound_by"] = sim.get("bound_by", "")
     row["simulated_host_resource"] = sim.get("host_resource", "")
@@ -116,10 +120,13 @@ def markdown(root: Path, rows: list[dict]) -> str:
                    f"{_pct(a['max'])} | {_pct(s['mape'])} | {_pct(s['max'])} | "
                    f"{s['max_case'] or ''} |")
     out += ["", "Measured s: the mean over the case's runs, each on a host state of its own, and "
-            "how far apart they measured (max / min - 1) where there were two or more.", "",
+            "how far apart they measured (max / min - 1) where there were two or more. Host check: "
+            "AdamW, the cast and the teams at once sampled on fresh buffers before each run, over "
+            "the hardware file's rates (validate/hostcheck.py; cases measured since 2026-12-01 "
+            "18:50): below 1, the machine read slower than profiled.", "",
             "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | analytic s | "
-            "simulated s | bound (sim): by (busiest host resource) | busy s measured / simulated: upload, compute, download, update |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "simulated s | bound (sim): by (busiest host resource) | busy s measured / simulated: upload, compute, download, update | host check / profile: adam, cast, teams |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         busy = ", ".join(f"{r[f'measured_{c}_s']:.2f}/" + ("-" if r[f"simulated_{c}_s"] is None
                                                             else f"{r[f'simulated_{c}_s']:.2f}")
@@ -127,10 +134,12 @@ def markdown(root: Path, rows: list[dict]) -> str:
         an = "" if r["analytic_s"] is None else f"{r['analytic_s']:.3f} ({_pct(r['analytic_error'], True)})"
         si = "" if r["simulated_s"] is None else f"{r['simulated_s']:.3f} ({_pct(r['simulated_error'], True)})"
         spread = "" if r["measured_runs_spread"] is None else f" ({_pct(r['measured_runs_spread'])})"
+        checked = ", ".join("-" if r[f"host_check_{k}"] is None else f"{r[f'host_check_{k}']:.2f}"
+                            for k in KERNELS) if r["host_check_adam"] is not None else ""
         out.append(f"| {r['case']} | {r['gpus']} | {r['global_batch']}:{r['micro_batch']} | "
                    f"{r['param_route']}/{r['grad_route']}/{r['update_sharding']} | "
                    f"{r['measured_s']:.3f}{spread} | {an} | {si} | {r['simulated_bound_by']} "
-                   f"({r['simulated_host_resource']}) | {busy} |")
+                   f"({r['simulated_host_resource']}) | {busy} | {checked} |")
     notes = _notes(root, store.stored_cases(root))
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]

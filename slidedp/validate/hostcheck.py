@@ -1,0 +1,66 @@
+"""The host check of a validation run: the profile's host kernels sampled again just before each
+run of a case group, so that a host-bound case's error can be told apart from the machine's
+own spread.
+
+On nvidia-h200 a host rate depends on where its buffers land (AdamW at 12 threads 3.25-4.35
+Gparam/s over ten fresh allocations, benchmarks/host_placement_probe.py), and one lease's
+executor ran its update 8-39% slower than simulated on a profile that read AdamW like another
+lease's, where the same cases were predicted within 6% (2026-12-01). A check on fresh buffers
+(profile.host.HostBench, the quick profile's buffer size and samples: AdamW and the cast at the
+executor's default team size, CHECK_SAMPLES samples each, then one teams-at-once run, ~2 s)
+says whether the machine itself read slower at that moment. It is reported beside the case
+(measured.json `host_check`, each run's in `run_host_checks`; predicted.json
+`host_check_vs_profile`, its rates over the hardware file's), never fed into a prediction: the
+hardware numbers come from the profile only.
+"""
+
+from __future__ import annotations
+
+import time
+
+from slidedp.spec.hardware import HardwareSpec
+
+CHECK_SAMPLES = 3
+KERNELS = ("adam", "cast", "teams")
+
+
+def host_check() -> dict:
+    """The check's rates on this machine (module docstring): {"threads", "adam_gparam_per_s",
+    "cast_gelem_per_s", "teams_gbps", "seconds", "what"}."""
+    # the profile's benches load torch: here, not where a prediction reads a stored check
+    from slidedp.profile.host import HostBench
+    from slidedp.profile.machine import probe_machine
+    from slidedp.profile.run import TEAMS_S_PER_ROUND
+    from slidedp.profile.sizes import QUICK
+    from slidedp.profile.timing import Rounds
+    from slidedp.spec.plan import team_cores
+
+    t0 = time.perf_counter()
+    m = probe_machine()
+    team = team_cores(m.cores)
+    nbytes = QUICK.host_bytes(m.llc_bytes, m.ram_bytes)
+    bench = HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s)
+    rounds = Rounds()
+    for _ in range(CHECK_SAMPLES):
+        rounds.add(("adam",), bench.adam_params_per_s(team))
+        rounds.add(("cast",), bench.cast_elems_per_s(team))
+        bench.warmup = 0
+    teams_bps, _ = bench.teams_bps(team, team, TEAMS_S_PER_ROUND)
+    return {"threads": team, "adam_gparam_per_s": rounds.rate(("adam",)) / 1e9,
+            "cast_gelem_per_s": rounds.rate(("cast",)) / 1e9, "teams_gbps": teams_bps / 1e9,
+            "seconds": time.perf_counter() - t0,
+            "what": f"slidedp.validate.hostcheck on fresh {nbytes >> 20} MiB buffers: AdamW and "
+                    f"the cast at {team} threads, {CHECK_SAMPLES} samples of "
+                    f"{QUICK.host_sample_s:g} s each, then the teams at once for "
+                    f"{TEAMS_S_PER_ROUND:g} s"}
+
+
+def against_profile(check: dict, hw: HardwareSpec) -> dict[str, float]:
+    """The check's rates over the hardware file's at the check's threads, by kernel (the teams
+    where the file measured them)."""
+    host, n = hw.host, check["threads"]
+    out = {"adam": check["adam_gparam_per_s"] * 1e9 / host.adam_rate(n),
+           "cast": check["cast_gelem_per_s"] * 1e9 / host.cast_rate(n)}
+    if host.dram_teams is not None:
+        out["teams"] = check["teams_gbps"] * 1e9 / host.dram_teams[2]
+    return out
