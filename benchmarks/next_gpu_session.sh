@@ -40,13 +40,14 @@
 #                                                      #   model on its own profile), 14B at R = 2
 #   bash benchmarks/next_gpu_session.sh h200-drift OUT # nvidia-h200 (~8 min): two default profiles
 #                                                      #   and the host-bound 4B cases between them
-# Left after the 2026-12-01 14:53-15:25 calls (mem-kind, the 8B AutoPolicy run with the whole-plan
-# probes and the h200 matrix are done: benchmarks/RESULTS.md), in order: `h200-drift` on any H200
-# (issue 6: two 3-round quick profiles 3 minutes apart on one lease read AdamW 30% apart and put
-# the same host-bound cases at 14% and 5% max error; does a longer average of the host rates make
-# two profiles agree within 5%?); `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on
-# a profile that measures the dispatch gaps; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4`
-# and `ap-confirm` on the x2 (issue 8 on the second kind); `x4` / x8 when lent (issue 7).
+# Left after the 2026-12-01 17:48-18:22 calls (a host rate depends on where its buffers land:
+# the profile samples fresh buffers each round; one lease's update ran 8-39% slower than
+# simulated: benchmarks/RESULTS.md), in order: `h200-drift` on any H200 (issue 6: the host-bound
+# 4B cases by the protocol, now with validate's host check before each run: did the machine read
+# slower than profiled, or did the executor's update?); `x2-val` when nvidia-h200-x2 is lent
+# (issue 6: the x2 matrix on a profile that measures the dispatch gaps; then `MODEL=qwen3-4b
+# x2-val`), `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind); `x4` /
+# x8 when lent (issue 7).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
