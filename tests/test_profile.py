@@ -40,7 +40,7 @@ from slidedp.profile.machine import Machine, probe_machine
 from slidedp.profile.run import Profiler, Request, Results
 from slidedp.profile.sizes import MIB, Sizes
 from slidedp.profile.summary import rounds_line, summary
-from slidedp.profile.timing import ROUNDS_RULE, Rounds, run_together
+from slidedp.profile.timing import Rounds, run_together
 from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, load_hardware, parse_hardware, preset_dir
@@ -340,13 +340,14 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     assert res.dram_teams[2:] == (pytest.approx(100e9), pytest.approx(30e9))
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
     sources = doc["host"]["sources"]
-    assert "of the rounds (they differed by up to 50%)" in sources["dram_teams_gbps"]
-    assert (f"{ROUNDS_RULE} of 5 rounds over the thread counts, each on fresh buffers"
-            in sources["adam_gparam_per_s"])
+    assert ("/ time, the harmonic mean without the fastest and the slowest of the rounds (they "
+            "differed by up to 50%)") in sources["dram_teams_gbps"]
+    assert ("the harmonic mean without the fastest and the slowest of 5 rounds over the thread "
+            "counts, each on fresh buffers") in sources["adam_gparam_per_s"]
     assert "rounds differed by up to 400%" in sources["cast_chunk_gelem_per_s"]
     line = rounds_line(req, res)
-    assert "400% (adam)" in line and "50% (teams)" in line and "Profile again" in line
-    assert "Profile again" not in rounds_line(req, Results(threads=threads))
+    assert "400% (adam)" in line and "50% (teams)" in line and "More rounds" in line
+    assert "More rounds" not in rounds_line(req, Results(threads=threads))
 
 
 def test_memory_cap_with_dma_is_parsed(tmp_path):
@@ -421,9 +422,10 @@ def test_host_rounds_option_sets_the_rounds(tmp_path, monkeypatch):
     assert _profile(tmp_path, monkeypatch, "--out", str(out), "--base", "h200x1",
                     "--host-rounds", "4") == 0
     host = tomllib.loads(out.read_text())["host"]
-    assert "of 4 rounds over the thread counts" in host["sources"]["adam_gparam_per_s"]
+    assert ("), the harmonic mean of 4 rounds over the thread counts"  # too few to trim
+            in host["sources"]["adam_gparam_per_s"])
     kept = json.loads((tmp_path / "rounds.rounds.json").read_text())
-    assert kept["hardware"] == "rounds" and "--out" in kept["command"]
+    assert kept["hardware"] == "rounds" and "--host-rounds 4" in kept["command"]
     by_key = {(r["kernel"], *r["where"]): r["rates"] for r in kept["samples"]}
     assert {k[0] for k in by_key} >= {"copy", "cast", "adam", "adam bf16 grad", "cast chunk",
                                       "teams", "teams cast"}

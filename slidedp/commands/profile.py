@@ -49,7 +49,9 @@ def command_line(args: argparse.Namespace, micro_batches: tuple[int, ...], name:
     line = (f"slidedp profile --out {args.out} --model {' '.join(args.model)} --seq "
             f"{' '.join(map(str, args.seq))} --micro-batch {' '.join(map(str, micro_batches))} "
             f"--name {name}")
-    return line + (" --quick" if args.quick else "") + (f" --base {args.base}" if args.base else "")
+    return (line + (" --quick" if args.quick else "")
+            + (f" --host-rounds {args.host_rounds}" if args.host_rounds else "")
+            + (f" --base {args.base}" if args.base else ""))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-ROUNDS_UNITS = ("copy, teams, teams cast, teams with dma: bytes/s; cast, cast chunk: elements/s; "
-                "adam, adam bf16 grad: parameters/s; where: threads (cast chunk: chunk BF16 "
-                "bytes, threads; teams: cast threads, update threads; teams with dma: cast "
-                "threads, update threads, GPUs)")
+ROUNDS_UNITS = ("copy, teams, teams cast (the cast team's part of teams), teams with dma: "
+                "bytes/s; cast, cast chunk: elements/s; adam, adam bf16 grad: parameters/s; "
+                "where: threads (cast chunk: chunk BF16 bytes, threads; teams, teams cast: cast "
+                "threads, update threads; teams with dma: cast threads, update threads, GPUs)")
 
 
 def rounds_path(out: str) -> Path:

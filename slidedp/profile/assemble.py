@@ -31,7 +31,7 @@ from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
 from slidedp.profile.run import TEAMS_S_PER_ROUND, Request, Results
-from slidedp.profile.timing import ROUNDS_RULE
+from slidedp.profile.timing import rounds_rule
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, GB, GIB, HardwareSpec
 from slidedp.spec.plan import Plan
@@ -284,7 +284,8 @@ class Assembler:
         def pool(kernel: str) -> str:
             spread = res.host_rounds.spread(kernel)
             return ("torch.set_num_threads, threads not pinned (OpenMP placement), "
-                    f"{ROUNDS_RULE} of {s.host_rounds} rounds over the thread counts, each on "
+                    f"{rounds_rule(s.host_rounds)} of {s.host_rounds} rounds over the thread "
+                    "counts, each on "
                     f"fresh buffers and {sample}, the first after {s.warmup} warm-up (a rate's "
                     f"rounds differed by up to {spread:.0%})")
         adam_top = res.adam_params_per_s[res.threads[-1]]
@@ -347,12 +348,12 @@ class Assembler:
                 f"and an update team of {ut} threads (fused AdamW on {mib // 4}M parameters), "
                 "each in its own thread with its own OpenMP team as the executor runs them, at "
                 f"once for {TEAMS_S_PER_ROUND:g} s in each of the {s.host_rounds} rounds of "
-                "the host rates: (6 B x cast elements + 28 B x Adam parameters) / time, the "
-                f"{ROUNDS_RULE} of the rounds (they differed by up to "
+                "the host rates: (6 B x cast elements + 28 B x Adam parameters) / time, "
+                f"{rounds_rule(s.host_rounds)} of the rounds (they differed by up to "
                 f"{res.host_rounds.spread('teams'):.0%})")
             t["sources"]["dram_teams_cast_gbps"] = m.source(
                 "measured: the cast team's own part of dram_teams_gbps, 6 B x cast elements / "
-                f"time, the {ROUNDS_RULE} of the rounds (the rest is the update team's; "
+                f"time, {rounds_rule(s.host_rounds)} of the rounds (the rest is the update team's; "
                 "HostSpec.cast_weight)")
         if res.dram_dma is not None:
             ct, ut, gpus, bps = res.dram_dma
@@ -363,7 +364,7 @@ class Assembler:
                 f"{max(s.chunk_mib)} MiB both ways at once, pinned (a thread per GPU), "
                 f"{s.host_rounds} runs of {TEAMS_S_PER_ROUND:g} s, each on fresh buffers: (the "
                 "teams' bytes + the copies' bytes) / time, all host-memory traffic of the "
-                f"executor's mix, the {ROUNDS_RULE} of the runs (they differed by up to "
+                f"executor's mix, {rounds_rule(s.host_rounds)} of the runs (they differed by up to "
                 f"{res.host_rounds.spread('teams with dma'):.0%})")
         if res.agent_gaps is not None and res.agent_gaps[2].gap_s:
             name, seq, gaps = res.agent_gaps
@@ -391,7 +392,8 @@ class Assembler:
                 "chunk_mib MiB / 2 B elements; the PCIe chunk sizes) from a slice rotating "
                 f"through a {res.cast_chunk_src_bytes // MIB} MiB FP32 buffer into {ring}, "
                 f"elements / time of one chunk; torch.set_num_threads, threads not pinned (OpenMP "
-                f"placement), {ROUNDS_RULE} of {s.host_rounds} rounds over the thread counts, "
+                f"placement), {rounds_rule(s.host_rounds)} of {s.host_rounds} rounds over the "
+                "thread counts, "
                 f"each on fresh buffers and the median of {reps} chunks, the first after "
                 f"{s.warmup} warm-up (a rate's rounds differed by up to {spread:.0%})")
         return t

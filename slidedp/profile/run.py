@@ -31,8 +31,8 @@ from slidedp.spec.plan import Plan, team_cores
 SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the longest under load
 MAX_SUSTAINED_ITERS = 5000
 HOST_KERNELS = ("copy", "cast", "adam", "adam bf16 grad")  # Results.host_rounds' kernel names
-TEAMS = ("teams", "teams with dma")  # ... and the teams-at-once runs' (their totals)
-TEAMS_S_PER_ROUND = 0.25  # one round's teams-at-once run: 0.75 s over the quick profile's 3
+TEAMS = ("teams", "teams with dma")  # ... the teams-at-once runs' totals ("teams cast": its part)
+TEAMS_S_PER_ROUND = 0.25  # one round's teams-at-once run: 1.75 s over the quick profile's 7
 
 COLLECTIVE_TIMEOUT_S = 300
 
@@ -140,7 +140,9 @@ class Profiler:
 
         def sample(n: int, k: int):
             h = self._host
-            h.warmup = s.warmup if k == 0 else 0  # the buffers and each pool size are warm after
+            # each pool size is warm after the first round; a round's fresh buffers were first
+            # touched by their fill
+            h.warmup = s.warmup if k == 0 else 0
             for kernel, rate in zip(HOST_KERNELS, (h.dram_bps, h.cast_elems_per_s,
                                                    h.adam_params_per_s,
                                                    partial(h.adam_params_per_s, bf16_grad=True)),
@@ -199,7 +201,7 @@ class Profiler:
             r.cast_chunk_repeats = {c: self._cast.repeats_for(c // BF16) for c in chunks}
 
         def sample(n: int, k: int):
-            self._cast.warmup = s.warmup if k == 0 else 0
+            self._cast.warmup = s.warmup if k == 0 else 0  # as the host rounds' (above)
             for c in chunks:
                 r.host_rounds.add(("cast chunk", c, n), self._cast.elems_per_s(c // BF16, n))
 

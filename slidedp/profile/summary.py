@@ -32,11 +32,11 @@ def rounds_line(req: Request, res: Results) -> str:
     line = (f"host rates: {req.sizes.host_rounds} rounds, each on fresh buffers; the rounds "
             "differed by up to " + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
     if max(spread.values(), default=0.0) > UNSTEADY:
-        line += (f". Above {UNSTEADY:.0%}: the host's speed depends on where its buffers land, "
-                 "or something else loaded this machine's CPUs or memory; host-bound predictions "
-                 "hold only within that spread (the executor's runs, each on a host state of its "
-                 "own, spread alike). Profile again when it is idle, or with more rounds "
-                 "(--host-rounds) for a longer average")
+        line += (f". Above {UNSTEADY:.0%}: this machine's host rates vary from run to run (with "
+                 "where the buffers land, as on the nvidia-h200 VMs, or with other load); "
+                 "host-bound predictions hold only within that spread, as the executor's own runs "
+                 "do. More rounds (--host-rounds) narrow the average; on a shared machine, "
+                 "profile again when it is idle")
     return line
 
 

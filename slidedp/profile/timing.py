@@ -1,4 +1,5 @@
-"""The one timing rule: `warmup` untimed runs, then `repeats` timed runs, and the median is kept.
+"""The one timing rule: `warmup` untimed runs, then `repeats` timed runs, and the median is kept
+(the host rates over their rounds: Rounds.rate).
 
 `median_s` takes a function that runs once and returns its own duration (for runs that time
 themselves, e.g. several threads started together). `wall_median_s` times on the host clock with
@@ -110,8 +111,10 @@ class Rounds:
                 for k, v in self.samples.items()]
 
 
-ROUNDS_RULE = (f"the harmonic mean (without the fastest and the slowest from {Rounds.TRIM_FROM} "
-               "on)")  # Rounds.rate, in the profile's source lines
+def rounds_rule(rounds: int) -> str:
+    """How Rounds.rate combines `rounds` rounds, for the profile's source lines."""
+    return "the harmonic mean" + (" without the fastest and the slowest"
+                                  if rounds >= Rounds.TRIM_FROM else "")
 
 
 def run_together(bodies: Sequence[Callable[[Callable[[], None]], None]], what: str) -> None:

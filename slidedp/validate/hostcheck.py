@@ -57,10 +57,11 @@ def host_check() -> dict:
 
 def against_profile(check: dict, hw: HardwareSpec) -> dict[str, float]:
     """The check's rates over the hardware file's at the check's threads, by kernel (the teams
-    where the file measured them)."""
+    where the file measured them at the same team sizes). The file's rates may come from larger
+    buffers and longer samples (a full profile): the check's are the quick profile's."""
     host, n = hw.host, check["threads"]
     out = {"adam": check["adam_gparam_per_s"] * 1e9 / host.adam_rate(n),
            "cast": check["cast_gelem_per_s"] * 1e9 / host.cast_rate(n)}
-    if host.dram_teams is not None:
+    if host.dram_teams is not None and host.dram_teams[:2] == (n, n):
         out["teams"] = check["teams_gbps"] * 1e9 / host.dram_teams[2]
     return out

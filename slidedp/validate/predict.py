@@ -20,7 +20,7 @@ from slidedp.sim.simulator import simulate
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.validate import store
 from slidedp.validate.cases import Case
-from slidedp.validate.hostcheck import against_profile
+from slidedp.validate.hostcheck import KERNELS, against_profile
 from slidedp.validate.traces import find_trace, load_trace, save_trace, steady_step
 
 
@@ -73,20 +73,22 @@ def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) ->
         m_kinds, s_kinds = measured.kind_seconds(), simulated.kind_seconds()
         out["task_kind_s"] = {k: [m_kinds.get(k, 0.0), s_kinds.get(k, 0.0)]
                               for k in dict.fromkeys([*m_kinds, *s_kinds])}
-    checks = host_checks(store.read_json(folder / store.MEASURED))
-    if checks:  # the machine at each run against the hardware file, beside the errors
-        ratios = [against_profile(c, hw) for c in checks]
-        out["host_check_vs_profile"] = {k: [r[k] for r in ratios] for k in ratios[0]}
+    ratios = [None if c is None or "error" in c else against_profile(c, hw)
+              for c in host_checks(store.read_json(folder / store.MEASURED))]
+    if any(ratios):  # the machine at each run against the hardware file, beside the errors
+        out["host_check_vs_profile"] = {k: [r.get(k) if r else None for r in ratios]
+                                        for k in KERNELS}
     store.write_json(folder / store.PREDICTED, out)
     return out
 
 
-def host_checks(meas: dict) -> list[dict]:
-    """A measured case's host checks, one per run (validate/hostcheck.py); [] before they were
-    taken (cases measured before 2026-12-01 18:50, imported benchmark rows)."""
+def host_checks(meas: dict) -> list[dict | None]:
+    """A measured case's host checks, one per run in run order (validate/hostcheck.py; None
+    where a run had none); [] before they were taken (cases measured before 2026-12-01 18:50,
+    imported benchmark rows)."""
     runs = meas.get("run_host_checks")
     checks = runs if runs is not None else [meas.get("host_check")]
-    return [c for c in checks if c is not None]
+    return checks if any(checks) else []
 
 
 def stored_hardware(folder: Path) -> tuple[str, list[str]]:

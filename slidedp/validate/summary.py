@@ -41,7 +41,7 @@ def case_row(folder: Path) -> dict:
         row[f"{m}_s"] = s
         row[f"{m}_error"] = None if s is None else (s - meas["step_time_s"]) / meas["step_time_s"]
     for k in KERNELS:  # the host check's rates over the profile's, mean over the runs
-        ratios = pred.get("host_check_vs_profile", {}).get(k)
+        ratios = [x for x in pred.get("host_check_vs_profile", {}).get(k) or () if x is not None]
         row[f"host_check_{k}"] = sum(ratios) / len(ratios) if ratios else None
     sim = pred.get("simulated", {})
     row["simulated_bound_by"] = sim.get("bound_by", "")
