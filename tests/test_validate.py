@@ -135,6 +135,27 @@ def test_host_check_against_the_profile():
     assert against_profile(half, hw)["adam"] == pytest.approx(0.5)
     teams = dataclasses.replace(hw, host=dataclasses.replace(hw.host, dram_teams=(n, n, 200e9)))
     assert against_profile(same, teams)["teams"] == pytest.approx(0.5)
+    assert "teams" not in against_profile(same | {"threads": n - 1}, teams)  # other team sizes
+    state = same | {"state_adam_gparam_per_s": 0.7 * same["adam_gparam_per_s"]}
+    assert against_profile(state, hw)["state adam"] == pytest.approx(0.7)
+
+
+def test_state_check_times_one_adam_pass_over_the_whole_state():
+    """state_adam_rate updates every parameter of the state once (the masters move), chunk by
+    chunk, and returns parameters per second."""
+    import torch
+
+    from slidedp.exec.host_state import HostState
+    from slidedp.validate.hostcheck import STATE_CHUNK_ELEMS, state_adam_rate
+
+    hs = HostState.create([STATE_CHUNK_ELEMS + 5, 7], None)
+    try:
+        hs.master.fill_(1.0)
+        rate = state_adam_rate(hs, 1)
+        assert rate > 0 and bool((hs.master != 1.0).all()) and bool((hs.exp_avg > 0).all())
+        assert torch.isfinite(hs.master).all()
+    finally:
+        hs.close()
 
 
 def test_a_failed_host_check_never_stops_a_validation(monkeypatch):
@@ -287,9 +308,14 @@ def test_tiny_cpu_run_writes_every_file(tmp_path, capfd):
         checks = meas["run_host_checks"]  # one host check before each run, kept with the case
         assert len(checks) == 2 and meas["host_check"] == checks[-1]
         assert all(c["adam_gparam_per_s"] > 0 and c["threads"] >= 1 for c in checks)
+        # the state check: one process only, its AdamW pass over the run's own host state
+        assert all(("state_adam_gparam_per_s" in c) == (ranks == 1) for c in checks)
+        assert "state_adam_gparam_per_s" not in meas
         vs = json.loads((f / store.PREDICTED).read_text())["host_check_vs_profile"]
-        assert set(vs) == {"adam", "cast", "teams"} and all(len(v) == 2 for v in vs.values())
-        assert min(vs["adam"] + vs["cast"]) > 0  # the preset measured no teams at these sizes
+        assert set(vs) == {"adam", "cast", "teams", "state adam"}
+        assert all(len(v) == 2 for v in vs.values())
+        assert min(vs["adam"] + vs["cast"] + (vs["state adam"] if ranks == 1 else [])) > 0
+        assert vs["teams"] == [None, None]  # the preset measured no teams at these sizes
         spread = runs_spread(meas)
         assert f"| {meas['step_time_s']:.3f} ({100 * spread:.1f}%) |" in (
             out / store.SUMMARY_MD).read_text()

@@ -8,10 +8,12 @@ executor ran its update 8-39% slower than simulated on a profile that read AdamW
 lease's, where the same cases were predicted within 6% (2026-12-01). A check on fresh buffers
 (profile.host.HostBench, the quick profile's buffer size and samples: AdamW and the cast at the
 executor's default team size, CHECK_SAMPLES samples each, then one teams-at-once run, ~2 s)
-says whether the machine itself read slower at that moment. It is reported beside the case
-(measured.json `host_check`, each run's in `run_host_checks`; predicted.json
-`host_check_vs_profile`, its rates over the hardware file's), never fed into a prediction: the
-hardware numbers come from the profile only.
+says whether the machine itself read slower at that moment. Fresh buffers cannot show where the
+executor's own host state landed, so after a one-GPU run the state check (state_adam_rate) times
+one AdamW pass over that state (the executor's update in isolation, on the memory it ran on).
+Both are reported beside the case (measured.json `host_check`, each run's in `run_host_checks`;
+predicted.json `host_check_vs_profile`, the rates over the hardware file's), never fed into a
+prediction: the hardware numbers come from the profile only.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import time
 from slidedp.spec.hardware import HardwareSpec
 
 CHECK_SAMPLES = 3
-KERNELS = ("adam", "cast", "teams")
+KERNELS = ("adam", "cast", "teams", "state adam")  # against_profile's ratios
+STATE_CHUNK_ELEMS = 16 * 2**20  # the state check's chunks: 64 MiB of FP32, the default chunk
 
 
 def host_check() -> dict:
@@ -55,13 +58,40 @@ def host_check() -> dict:
                     f"{TEAMS_S_PER_ROUND:g} s"}
 
 
+def state_adam_rate(hs, threads: int) -> float:
+    """Parameters/s of one AdamW pass (exec.adamw.adamw_chunk, FP32 gradient) over every unit of
+    the host state `hs` (exec.host_state.HostState) at `threads` threads, in chunks of
+    STATE_CHUNK_ELEMS with one gradient chunk reused (as the executor's D2H staging): the
+    executor's update in isolation on the memory it ran on. It changes the state: run it on a
+    finished run's."""
+    import torch
+
+    from slidedp.exec.adamw import AdamWConfig, adamw_chunk
+    from slidedp.profile.host import torch_threads
+
+    grad = torch.full((min(STATE_CHUNK_ELEMS, max(hs.unit_numels)),), 1e-3)
+    cfg, params = AdamWConfig(), 0
+    with torch_threads(threads):
+        t0 = time.perf_counter()
+        for u in range(hs.n_units):
+            p, m, v = hs.unit_master(u), hs.unit_m(u), hs.unit_v(u)
+            for lo in range(0, len(p), STATE_CHUNK_ELEMS):
+                hi = min(len(p), lo + STATE_CHUNK_ELEMS)
+                adamw_chunk(p[lo:hi], grad[:hi - lo], m[lo:hi], v[lo:hi], 1, cfg, cfg.lr)
+                params += hi - lo
+        return params / (time.perf_counter() - t0)
+
+
 def against_profile(check: dict, hw: HardwareSpec) -> dict[str, float]:
     """The check's rates over the hardware file's at the check's threads, by kernel (the teams
-    where the file measured them at the same team sizes). The file's rates may come from larger
+    where the file measured them at the same team sizes; the state's AdamW where it was timed,
+    over the file's AdamW). The file's rates may come from larger
     buffers and longer samples (a full profile): the check's are the quick profile's."""
     host, n = hw.host, check["threads"]
     out = {"adam": check["adam_gparam_per_s"] * 1e9 / host.adam_rate(n),
            "cast": check["cast_gelem_per_s"] * 1e9 / host.cast_rate(n)}
     if host.dram_teams is not None and host.dram_teams[:2] == (n, n):
         out["teams"] = check["teams_gbps"] * 1e9 / host.dram_teams[2]
+    if "state_adam_gparam_per_s" in check:
+        out["state adam"] = check["state_adam_gparam_per_s"] * 1e9 / host.adam_rate(n)
     return out

@@ -59,8 +59,8 @@ def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, dis
             if not _measure_group(group, root, device, iters, discard, machine, command):
                 failed += [c.name for c in group]
                 break
-            per_run.append({c.name: store.read_json(root / c.name / store.MEASURED)
-                            | {"host_check": check} for c in group})
+            per_run.append({c.name: with_check(store.read_json(root / c.name / store.MEASURED),
+                                               check) for c in group})
             for c in group:
                 store.write_json(root / c.name / store.MEASURED, per_run[-1][c.name])
         if runs > 1 and per_run:  # a failed later run may have overwritten some cases: every
@@ -68,6 +68,15 @@ def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, dis
             for c in group:
                 merge_runs(root / c.name, [r[c.name] for r in per_run], runs)
     return failed
+
+
+def with_check(meas: dict, check: dict) -> dict:
+    """A run's measured figures with its host check, the state check (the worker's
+    `state_adam_gparam_per_s`, one process only) moved into it."""
+    meas = dict(meas)
+    state = meas.pop("state_adam_gparam_per_s", None)
+    return meas | {"host_check": check if state is None
+                   else check | {"state_adam_gparam_per_s": state}}
 
 
 def checked_host() -> dict:

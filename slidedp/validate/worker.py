@@ -5,6 +5,8 @@ In-process for one GPU (measure.py calls run_group), or in each of R rank proces
 torchrun: `python -m slidedp.validate.worker --cases GROUP.toml --out ROOT --device cuda
 --iters N --discard N --machine NAME --command "..."`. Every rank measures; rank 0 writes
 ROOT/<case>/case.toml, measured.json and measured_trace.json.gz (runner.py merges the ranks).
+In one process, after the group, one AdamW pass over its host state is timed (the state check,
+validate/hostcheck.py) and written to the group's measured.json files.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import torch
 from slidedp.exec.dist.launch import is_rank_process
 from slidedp.exec.dist.session import DistSession
 from slidedp.profile.machine import probe_machine
+from slidedp.spec.plan import team_cores
 from slidedp.validate import store
 from slidedp.validate.cases import Case, load_cases
+from slidedp.validate.hostcheck import state_adam_rate
 from slidedp.validate.runner import Measurement, measure, random_host_state
 from slidedp.validate.traces import save_trace
 
@@ -58,12 +62,18 @@ def run_group(cases: list[Case], root: Path, meta: dict, session: DistSession | 
     copy = torch.bfloat16 if device == "cuda" else torch.float32
     hs = random_host_state(cfg, copy if cases[0].plan.host_bf16_copy else None, session)
     try:
+        written = []
         for case in cases:
             m = measure(cfg, case.workload(), case.plan, hs, device=device, iters=meta["iters"],
                         discard=meta["discard"], session=session)
             if m.timeline is not None:
                 write_measured(root / case.name, case, m, meta)
+                written.append(root / case.name / store.MEASURED)
                 print(f"measured {case.name}: {m.step_time_s:.3f} s", flush=True)
+        if session is None and written:  # one process: the state check (validate/hostcheck.py)
+            rate = state_adam_rate(hs, team_cores(probe_machine().cores))
+            for f in written:
+                store.write_json(f, store.read_json(f) | {"state_adam_gparam_per_s": rate / 1e9})
     finally:
         if session is None:
             hs.close()
