@@ -121,11 +121,12 @@ def markdown(root: Path, rows: list[dict]) -> str:
                    f"{s['max_case'] or ''} |")
     out += ["", "Measured s: the mean over the case's runs, each on a host state of its own, and "
             "how far apart they measured (max / min - 1) where there were two or more. Host check: "
-            "AdamW, the cast and the teams at once sampled on fresh buffers before each run, over "
-            "the hardware file's rates (validate/hostcheck.py; cases measured since 2026-12-01 "
-            "18:50): below 1, the machine read slower than profiled.", "",
+            "AdamW, the cast and the teams at once sampled on fresh buffers before each run, and "
+            "one AdamW pass over a one-GPU run's own host state after it (state adam), over the "
+            "hardware file's rates (validate/hostcheck.py; cases measured since 2026-12-01 "
+            "19:00): below 1, the machine or the state read slower than profiled.", "",
             "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | analytic s | "
-            "simulated s | bound (sim): by (busiest host resource) | busy s measured / simulated: upload, compute, download, update | host check / profile: adam, cast, teams |",
+            "simulated s | bound (sim): by (busiest host resource) | busy s measured / simulated: upload, compute, download, update | host check / profile: " + ", ".join(KERNELS) + " |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         busy = ", ".join(f"{r[f'measured_{c}_s']:.2f}/" + ("-" if r[f"simulated_{c}_s"] is None
