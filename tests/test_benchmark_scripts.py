@@ -61,7 +61,10 @@ def test_multi_gpu_benchmark_on_two_ranks_and_a_failing_case(tmp_path):
              "2:1:sharded:gpu:rank0:layer_policies=[nope]", "--seq", "32", "--iters", "2",
              "--discard", "1", "--device", "cpu")
     assert p.returncode != 0 and "nope" in p.stderr, p.stderr[-3000:]
-    assert "slidedp rank 0: failed:" in p.stderr  # through DistSession's failure protocol
+    # through DistSession's failure protocol: "slidedp rank R: failed: SpecError ..." from the
+    # rank that marked the failure, "... stopping: rank R failed: SpecError ..." from one that
+    # stopped for it (an uncaught error would print only its traceback)
+    assert "failed: SpecError" in p.stderr, p.stderr[-3000:]
     assert not (tmp_path / "bad.jsonl").exists()
 
 
