@@ -18,10 +18,10 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        where, at the longest calibration so far, it ends within CALIBRATION_SHARE of the limit:
        the rest is kept for the probes, which come after (on nvidia-h200 the calibrations took
        15-22 s and the probes 30 s of a 56-67 s selection, 2026-12-01); a policy left out keeps
-       its simulated tau_j, and the report says so. With probes, where the simulator prices no policy on
-       the best simulated finalist (host-bound), nothing is measured per layer: the MILP's pick
-       among equal costs says nothing then, and per-layer savings do not add up on such a step
-       (_priced_none); whole plans are probed instead (below). The simulations of these
+       its simulated tau_j, and the report says so. With probes, where the simulator prices no
+       policy on the best simulated finalist (host-bound), nothing is measured per layer: the
+       MILP's pick among equal costs says nothing then, and per-layer savings do not add up on
+       such a step (_priced_none); whole plans are probed instead (below). The simulations of these
        stages (tens of plans, ~0.2 s each at 8B) run several at once in worker processes
        (sim/batch.py StepTimes).
   7    model/memory.py check_fits on the whole plan under the cap; on failure re-solve with a

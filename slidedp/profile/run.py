@@ -56,9 +56,10 @@ class Results:
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
     adam_bf16_grad_params_per_s: dict[int, float] = field(default_factory=dict)
     # the samples of those four, of the cast by chunk size and of the teams at once, one per
-    # round, each round on fresh buffers (timing.Rounds): keys (kernel, threads) with kernel in HOST_KERNELS, ("cast chunk",
-    # chunk bytes, threads), ("teams", cast threads, update threads) and ("teams cast", ...)
-    # its cast team's part, ("teams with dma", cast threads, update threads, GPUs)
+    # round, each round on fresh buffers (timing.Rounds): keys (kernel, threads) with kernel in
+    # HOST_KERNELS, ("cast chunk", chunk bytes, threads), ("teams", cast threads, update
+    # threads) and ("teams cast", ...) its cast team's part, ("teams with dma", cast threads,
+    # update threads, GPUs)
     host_rounds: Rounds = field(default_factory=Rounds)
     # the cast and update teams at once, over the rounds: (cast threads, update threads, DRAM
     # bytes/s, the cast team's bytes/s)
@@ -159,10 +160,10 @@ class Profiler:
 
         def rates():
             for n in r.threads:
-                for kernel, rates in zip(HOST_KERNELS, (r.dram_bps, r.cast_elems_per_s,
+                for kernel, table in zip(HOST_KERNELS, (r.dram_bps, r.cast_elems_per_s,
                                                         r.adam_params_per_s,
                                                         r.adam_bf16_grad_params_per_s), strict=True):
-                    rates[n] = r.host_rounds.rate((kernel, n))
+                    table[n] = r.host_rounds.rate((kernel, n))
             r.dram_teams = (team, team, *(r.host_rounds.rate(k) for k in teams_keys))
 
         rounds, mib = s.host_rounds, r.host_bytes // MIB

@@ -125,8 +125,10 @@ def markdown(root: Path, rows: list[dict]) -> str:
             "one AdamW pass over a one-GPU run's own host state after it (state adam), over the "
             "hardware file's rates (validate/hostcheck.py; cases measured since 2026-12-01 "
             "19:00): below 1, the machine or the state read slower than profiled.", "",
-            "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | analytic s | "
-            "simulated s | bound (sim): by (busiest host resource) | busy s measured / simulated: upload, compute, download, update | host check / profile: " + ", ".join(KERNELS) + " |",
+            "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | "
+            "analytic s | simulated s | bound (sim): by (busiest host resource) | busy s "
+            "measured / simulated: upload, compute, download, update | host check / profile: "
+            + ", ".join(KERNELS) + " |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         busy = ", ".join(f"{r[f'measured_{c}_s']:.2f}/" + ("-" if r[f"simulated_{c}_s"] is None
@@ -134,7 +136,8 @@ def markdown(root: Path, rows: list[dict]) -> str:
                          for c in ("upload", "compute", "download", "update"))
         an = "" if r["analytic_s"] is None else f"{r['analytic_s']:.3f} ({_pct(r['analytic_error'], True)})"
         si = "" if r["simulated_s"] is None else f"{r['simulated_s']:.3f} ({_pct(r['simulated_error'], True)})"
-        spread = "" if r["measured_runs_spread"] is None else f" ({_pct(r['measured_runs_spread'])})"
+        runs = r["measured_runs_spread"]
+        spread = "" if runs is None else f" ({_pct(runs)})"
         checked = ", ".join("-" if r[f"host_check_{k}"] is None else f"{r[f'host_check_{k}']:.2f}"
                             for k in KERNELS) if r["host_check_adam"] is not None else ""
         out.append(f"| {r['case']} | {r['gpus']} | {r['global_batch']}:{r['micro_batch']} | "
