@@ -74,7 +74,8 @@ def main() -> int:
         for k in ("adam", "cast", "teams"):
             medians = [statistics.median(s[k]) for s in sets]
             within = statistics.median(spread(s[k]) for s in sets)
-            print(f"{label:19s} {k:5s} set medians {min(medians) / 1e9:.2f}-{max(medians) / 1e9:.2f}e9"
+            print(f"{label:19s} {k:5s} set medians "
+                  f"{min(medians) / 1e9:.2f}-{max(medians) / 1e9:.2f}e9"
                   f" (between sets {spread(medians):4.0%}; within a set, median {within:4.0%})"
                   f"  [{', '.join(f'{x / 1e9:.2f}' for x in medians)}]")
     with open(args.out, "w") as f:

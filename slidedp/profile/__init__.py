@@ -2,8 +2,8 @@
 
     machine.py   what the machine is (host name, CPU, cores, RAM, LLC, GPUs) and the source line
     sizes.py     how much each measurement moves and how often it repeats (full, quick)
-    timing.py    warm-up, synchronize, repeat, median: the one timing rule (the host rates: rounds on
-                 fresh buffers, their harmonic mean)
+    timing.py    warm-up, synchronize, repeat, median: the one timing rule (the host rates:
+                 rounds on fresh buffers, their harmonic mean)
     host.py      host DRAM copy, FP32 -> BF16 cast and CPU AdamW rates against thread count;
                  the cast by chunk size into a (pinned) staging ring
     pcie.py      H2D / D2H by chunk size, alone, duplex and with all GPUs at once (CUDA)

@@ -159,10 +159,10 @@ class Profiler:
                 r.host_rounds.add(key, bps)
 
         def rates():
+            tables = (r.dram_bps, r.cast_elems_per_s, r.adam_params_per_s,
+                      r.adam_bf16_grad_params_per_s)
             for n in r.threads:
-                for kernel, table in zip(HOST_KERNELS, (r.dram_bps, r.cast_elems_per_s,
-                                                        r.adam_params_per_s,
-                                                        r.adam_bf16_grad_params_per_s), strict=True):
+                for kernel, table in zip(HOST_KERNELS, tables, strict=True):
                     table[n] = r.host_rounds.rate((kernel, n))
             r.dram_teams = (team, team, *(r.host_rounds.rate(k) for k in teams_keys))
 
