@@ -9,20 +9,28 @@ that host's 177.5: benchmarks/RESULTS.md, "2026-12-01 06:04 onwards".)
     python3 benchmarks/adam_after_d2h_probe.py OUT.json [--chunk-mib 16 64 256]
         [--update-threads 12] [--chunks 24] [--sum-ranks 2 4] [--device cuda|cpu]
         [--state-gib 1] [--cold-ring-gib 2]   (smaller only for a smoke run: they must exceed the LLC)
+        [--state-memory process|shm] [--adam-only] [--repeats 2]
 
 Per chunk size (FP32 gradient MiB, as the plan's d2h_chunk_mib), in a thread with its own OpenMP
 team of --update-threads (as the executor's update agent), each timed per chunk:
+  reused          the fused AdamW of one chunk on the same rotating p, m, v slices, its gradient
+                  one unpinned chunk reused for every chunk (as validate/hostcheck.state_adam_rate
+                  times the executor's state: does the reused gradient stay in the LLC?)
   cold            the fused AdamW of one chunk (slidedp.exec.adamw.adamw_chunk) on p, m, v slices
                   rotating through a state larger than any cache, its gradient from a pinned ring
                   slot written long before (a rotating 2 GiB ring: from DRAM)
   after_d2h       the same with a gradient slot the GPU has just written (a D2H copy of the
                   chunk, waited for, then the update: the executor's D2H -> ADAM edge)
+  cold_gil        cold while another thread launches small CUDA kernels from Python, holding the
+                  GIL between them (chunk_cost_probe.gil_load: the compute agent in the backward)
   sum_cold R      the cpu reduction's HOST_SUM of R chunks (slidedp.exec.staging.add_chunks into
                   a reused accumulator, then the squares for the gradient norm) from cold slots
   sum_after_d2h R the same from R slots the GPU has just written
   adam_after_sum R the AdamW of the chunk reading the accumulator a HOST_SUM has just written
                   (untimed before it, from just-downloaded slots): the cpu route's HOST_SUM ->
                   ADAM edge on one update worker
+--state-memory shm maps p, m, v as the executor's host state (host_state.private_shared);
+--adam-only leaves out the sums. The conditions run interleaved, --repeats times.
 On the CPU (`--device cpu`) a copy_ from a source buffer stands in for the DMA (kinder than a DMA:
 the cores that then run the kernel wrote the slot, so it can sit in their own caches).
 Each row: mean and median ms per chunk over --chunks chunks (two untimed first) and the rate of
@@ -42,13 +50,13 @@ import sys
 import torch
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
-from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
+from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister, private_shared
 from slidedp.exec.staging import add_chunks
 from slidedp.graph.build import host_sum_bytes_per_elem
 from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM
 
 sys.path.insert(0, os.path.dirname(__file__))
-from chunk_cost_probe import team_chunks_ms  # noqa: E402
+from chunk_cost_probe import Load, gil_load, team_chunks_ms  # noqa: E402
 
 MIB = 1 << 20
 D2H_RING = 4  # the executor's d2h_staging_chunks ring, per rank
@@ -67,6 +75,7 @@ class Probe:
         self.fresh = ranks * D2H_RING  # the D2H rings' slots: ring[:fresh]; cold: the rest
         self.cold_next = 0  # cold slots continue where the previous cold run stopped
         self.acc = torch.empty(n)
+        self.reused = torch.full((n,), 1e-3)
         self.src = torch.full((n,), 1e-3, device="cuda" if device == "cuda" else "cpu")
         self.registered: list[torch.Tensor] = []
 
@@ -116,13 +125,20 @@ class Probe:
             self.host_sum(i, ranks, True)
 
         timed, before = {
+            "reused": (lambda i: self.adam(i, self.reused), None),
             "cold": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
+            "cold_gil": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
             "after_d2h": (lambda i: self.adam(i, self.slots(i, 1, True)[0]), fresh_slots),
             "sum_cold": (lambda i: self.host_sum(i, ranks, False), None),
             "sum_after_d2h": (lambda i: self.host_sum(i, ranks, True), fresh_slots),
             "adam_after_sum": (lambda i: self.adam(i, self.acc), sum_first),
         }[condition]
-        return team_chunks_ms(self.threads, self.chunks, timed, before)
+        load = Load(gil_load(self.device)) if condition == "cold_gil" else None
+        try:
+            return team_chunks_ms(self.threads, self.chunks, timed, before)
+        finally:
+            if load is not None:
+                load.stop()
 
 
 def main() -> int:
@@ -139,19 +155,26 @@ def main() -> int:
                     help="at least this much per array of p, m, v (and 8 chunks)")
     ap.add_argument("--cold-ring-gib", type=float, default=2.0,
                     help="the cold conditions' gradient slots, cycled")
+    ap.add_argument("--state-memory", choices=("process", "shm"), default="process",
+                    help="p, m, v in the process's memory or mapped as the executor's host state")
+    ap.add_argument("--adam-only", action="store_true", help="no host sums")
+    ap.add_argument("--repeats", type=int, default=2, help="times each condition runs, interleaved")
     a = ap.parse_args()
     if any(r < 2 for r in a.sum_ranks):
         ap.error(f"--sum-ranks: 2 or more ranks, got {a.sum_ranks}")
     sizes = [int(c * MIB) // 4 for c in a.chunk_mib]
     state = max(8 * max(sizes), int(a.state_gib * (1 << 30)) // 4)  # p, m, v come from DRAM
-    p, m, v = torch.full((state,), 0.5), torch.zeros(state), torch.zeros(state)
-    conditions = [("cold", 1), ("after_d2h", 1)] + [
-        (c, r) for r in a.sum_ranks for c in ("sum_cold", "sum_after_d2h", "adam_after_sum")]
+    memory = private_shared if a.state_memory == "shm" else \
+        (lambda numel, dtype: torch.empty(numel, dtype=dtype))
+    p, m, v = (memory(state, torch.float32).fill_(x) for x in (0.5, 0.0, 0.0))
+    conditions = [(c, 1) for c in ("reused", "cold", "after_d2h", "cold_gil")] + [
+        (c, r) for r in ([] if a.adam_only else a.sum_ranks)
+        for c in ("sum_cold", "sum_after_d2h", "adam_after_sum")]
     rows = []
     for n in sizes:
         with Probe(p, m, v, n, a.device, a.update_threads, a.chunks,
                    max(a.sum_ranks, default=1), int(a.cold_ring_gib * (1 << 30))) as probe:
-            for cond, ranks in conditions * 2:  # interleaved, twice
+            for cond, ranks in conditions * a.repeats:  # interleaved
                 ms = probe.run(cond, ranks)
                 mean = statistics.mean(ms)
                 counted = host_sum_bytes_per_elem(ranks) if cond.startswith("sum") \
@@ -163,7 +186,8 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     with open(a.out, "w") as f:
-        json.dump({"device": a.device, "machine_threads": torch.get_num_threads(), "rows": rows},
+        json.dump({"device": a.device, "state_memory": a.state_memory,
+                   "machine_threads": torch.get_num_threads(), "rows": rows},
                   f, indent=1)
     return 0
 

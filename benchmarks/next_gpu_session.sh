@@ -40,6 +40,9 @@
 #                                                      #   model on its own profile), 14B at R = 2
 #   bash benchmarks/next_gpu_session.sh h200-drift OUT # nvidia-h200 (~8 min): two default profiles
 #                                                      #   and the host-bound 4B cases between them
+#   bash benchmarks/next_gpu_session.sh h200-update OUT # nvidia-h200 (~6 min): per-chunk AdamW on
+#                                                      #   host-state memory by gradient source, around
+#                                                      #   the worst host-bound 4B case
 # Left after the 2026-12-01 17:48-18:22 calls (a host rate depends on where its buffers land:
 # the profile samples fresh buffers each round; one lease's update ran 8-39% slower than
 # simulated: benchmarks/RESULTS.md), in order: `h200-drift` on any H200 (issue 6: the host-bound
@@ -231,6 +234,27 @@ h200-drift)  # nvidia-h200 (~8 min): do two default quick profiles (7 rounds, ea
             tar czf "$OUT/val.tgz" -C "$OUT" val && rm -rf "$OUT/val"
         fi
     done ;;
+h200-update)  # nvidia-h200 (~6 min): why the executor's update ran slower than its own state's
+    # AdamW pass (19:52: the host check 0.95-1.01 and the state check 0.95-1.02 of the profile,
+    # the executor's dense 64 MiB Adam chunks of 4B mb 2 a median 5.5 ms, 0.88 of the state
+    # check's rate, with or without a D2H or GPU compute beside them): per-chunk AdamW on
+    # host-state memory with the state check's reused gradient, a cold pinned slot, a slot just
+    # downloaded, and a cold slot with Python kernel launches beside (the GIL), before and after
+    # the worst host-bound case by the protocol
+    probe() {
+        python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-probe-$1.json" --chunk-mib 64 \
+            --adam-only --state-memory shm --state-gib 2 --chunks 48 --repeats 3 \
+            | python3 -c "import json,sys; [print(r['condition'], round(r['median_ms'], 2), round(r['counted_gbps'])) for r in map(json.loads, sys.stdin)]"
+    }
+    probe 1
+    python3 -m slidedp.cli profile --out "$OUT/h200-profile.toml" --base h200x1 --model qwen3-4b \
+        --micro-batch 2 --quick --name "h200-profile-$(date +%H%M)" > "$OUT/profile.log" 2>&1
+    python3 -m slidedp.cli validate --hardware "$OUT/h200-profile.toml" \
+        --cases validation/cases-h200-matrix.toml --select 'h200m-4b-r1-gb2-*' \
+        --machine nvidia-h200 --out "$OUT/val" --iters 15 --discard 8 --runs 1 \
+        2>&1 | grep -av "it/s\|step/s" | tail -8 || echo "validate failed"
+    tar czf "$OUT/val.tgz" -C "$OUT" val && rm -rf "$OUT/val"
+    probe 2 ;;
 mem-kind)  # any H200 (~1 min): AdamW, cast and copy on /dev/shm mappings (the host state's and,
     # since 2026-12-01 13:40, the profile's memory) against anonymous memory (earlier profiles'),
     # alternating; with the huge-page modes (the 13:09 lease's profile measured AdamW 44% faster
@@ -248,6 +272,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|h200-drift|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|h200-drift|h200-update|rows|x4 OUT" >&2
     exit 2 ;;
 esac

@@ -166,13 +166,21 @@ def test_adam_after_d2h_probe_times_every_condition_on_the_cpu(tmp_path):
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
     conds = [(r["condition"], r["ranks"]) for r in rows]
-    expected = [("cold", 1), ("after_d2h", 1)] + [
+    adam = [(c, 1) for c in ("reused", "cold", "after_d2h", "cold_gil")]
+    expected = adam + [
         (c, r) for r in (2, 3) for c in ("sum_cold", "sum_after_d2h", "adam_after_sum")]
     assert conds == expected * 2
     for r in rows:
         per_elem = 4 * (3 * (r["ranks"] - 1) + 1) if r["condition"].startswith("sum") else 28
         assert r["chunks"] == 2 and r["mean_ms"] > 0
         assert r["counted_gbps"] == pytest.approx(per_elem * (MIB // 4) / r["mean_ms"] / 1e6)
+    p = _run("benchmarks/adam_after_d2h_probe.py", str(out), "--device", "cpu", "--chunk-mib",
+             "1", "--chunks", "2", "--update-threads", "1", "--state-gib", "0.01",
+             "--cold-ring-gib", "0.02", "--adam-only", "--state-memory", "shm", "--repeats", "3")
+    assert p.returncode == 0, p.stderr
+    got = json.loads(out.read_text())
+    assert got["state_memory"] == "shm"
+    assert [(r["condition"], r["ranks"]) for r in got["rows"]] == adam * 3
 
 
 def test_memory_kind_probe_alternates_the_kinds_on_the_profiles_kernels(tmp_path):

@@ -140,6 +140,26 @@ def test_host_check_against_the_profile():
     assert against_profile(state, hw)["state adam"] == pytest.approx(0.7)
 
 
+def test_at_state_adam_scales_only_the_adam_curves_and_explains_a_slow_update():
+    """The explanation's hardware: both AdamW curves times the ratio, the rest as measured; on
+    a host-bound case a slower state's AdamW predicts a slower update and step."""
+    from slidedp.sim.simulator import simulate
+    from slidedp.validate.hostcheck import at_state_adam
+
+    hw = load_hardware("h200x1")
+    slow = at_state_adam(hw, 0.8)
+    assert slow.host.adam_rate(12) == pytest.approx(0.8 * hw.host.adam_rate(12))
+    assert slow.host.adam_rate(12, 2) == pytest.approx(0.8 * hw.host.adam_rate(12, 2))
+    assert (slow.host.cast_rate(12), slow.pcie, slow.gpu) == (hw.host.cast_rate(12), hw.pcie,
+                                                              hw.gpu)
+    case = next(c for c in load_cases(VALIDATION / "cases-h200-matrix.toml")
+                if c.name == "h200m-4b-r1-gb1-mb1-c64")
+    base = simulate(hw, case.workload(), case.plan)
+    at = simulate(slow, case.workload(), case.plan)
+    assert at.channel_busy_s["UPDATE"] > 1.1 * base.channel_busy_s["UPDATE"]
+    assert at.step_time_s > base.step_time_s
+
+
 def test_state_check_times_one_adam_pass_over_the_whole_state():
     """state_adam_rate updates every parameter of the state once (the masters move), chunk by
     chunk, and returns parameters per second."""
@@ -151,9 +171,11 @@ def test_state_check_times_one_adam_pass_over_the_whole_state():
     hs = HostState.create([STATE_CHUNK_ELEMS + 5, 7], None)
     try:
         hs.master.fill_(1.0)
-        rate = state_adam_rate(hs, 1)
+        rate = state_adam_rate(hs, 1, ring_bytes=0)  # the smallest ring: two slots
         assert rate > 0 and bool((hs.master != 1.0).all()) and bool((hs.exp_avg > 0).all())
         assert torch.isfinite(hs.master).all()
+        # the ring: every chunk's gradient is a slot of it, so every parameter moves alike
+        assert torch.equal(hs.master, torch.full_like(hs.master, float(hs.master[0])))
     finally:
         hs.close()
 
@@ -310,6 +332,7 @@ def test_tiny_cpu_run_writes_every_file(tmp_path, capfd):
         assert all(c["adam_gparam_per_s"] > 0 and c["threads"] >= 1 for c in checks)
         # the state check: one process only, its AdamW pass over the run's own host state
         assert all(("state_adam_gparam_per_s" in c) == (ranks == 1) for c in checks)
+        assert all(("state_adam_ring_mib" in c) == (ranks == 1) for c in checks)
         assert "state_adam_gparam_per_s" not in meas
         vs = json.loads((f / store.PREDICTED).read_text())["host_check_vs_profile"]
         assert set(vs) == {"adam", "cast", "teams", "state adam"}
@@ -326,6 +349,12 @@ def test_tiny_cpu_run_writes_every_file(tmp_path, capfd):
         assert load_trace(f / store.SIMULATED_TRACE).records
         pred = json.loads((f / store.PREDICTED).read_text())
         assert {"analytic", "simulated", "hardware"} <= set(pred) and pred["hardware"]["sha256"]
+        # the explanation at the state's AdamW: one process only, at the runs' mean ratio
+        at = pred.get("simulated_at_state_adam")
+        assert (at is not None) == (ranks == 1)
+        if at is not None:
+            assert at["state_adam_vs_profile"] == pytest.approx(sum(vs["state adam"]) / 2)
+            assert at["step_time_s"] > 0
         kinds = pred["task_kind_s"]  # per task kind: [measured, simulated] seconds of the step
         assert {"FWD", "BWD", "ADAM"} <= set(kinds) and all(m >= 0 and s >= 0 for m, s in kinds.values())
         assert kinds["FWD"][0] == pytest.approx(measured.kind_seconds()["FWD"])

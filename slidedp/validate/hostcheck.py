@@ -10,21 +10,31 @@ lease's, where the same cases were predicted within 6% (2026-12-01). A check on 
 executor's default team size, CHECK_SAMPLES samples each, then one teams-at-once run, ~2 s)
 says whether the machine itself read slower at that moment. Fresh buffers cannot show where the
 executor's own host state landed, so after a one-GPU run the state check (state_adam_rate) times
-one AdamW pass over that state (the executor's update in isolation, on the memory it ran on).
+one AdamW pass over that state (the executor's update in isolation, on the memory it ran on),
+its gradient chunks taken in turn from a ring several times the LLC: one reused gradient chunk
+stays in the LLC and read 10-28% faster than a cold one (benchmarks/adam_after_d2h_probe.py
+`reused` against `cold`, 2026-12-01 20:03), where the executor's gradients, just written by the
+D2H, read like cold ones (`after_d2h`).
 Both are reported beside the case (measured.json `host_check`, each run's in `run_host_checks`;
-predicted.json `host_check_vs_profile`, the rates over the hardware file's), never fed into a
-prediction: the hardware numbers come from the profile only.
+predicted.json `host_check_vs_profile`, the rates over the hardware file's), never fed into the
+prediction: the hardware numbers come from the profile only. To explain an error, predicted.json
+also gives `simulated_at_state_adam`: the same simulation with the profile's AdamW curves scaled
+by the state check's ratio (at_state_adam): what the step would have been predicted at had the
+profile's buffers read as the state did.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from slidedp.spec.hardware import HardwareSpec
 
 CHECK_SAMPLES = 3
 KERNELS = ("adam", "cast", "teams", "state adam")  # against_profile's ratios
 STATE_CHUNK_ELEMS = 16 * 2**20  # the state check's chunks: 64 MiB of FP32, the default chunk
+GRAD_RING_LLCS = 8  # the state check's gradient ring: at least this many LLCs (and 1 GiB)
+GRAD_RING_MIN_BYTES = 1 << 30
 
 
 def host_check() -> dict:
@@ -58,27 +68,41 @@ def host_check() -> dict:
                     f"{TEAMS_S_PER_ROUND:g} s"}
 
 
-def state_adam_rate(hs, threads: int) -> float:
+def grad_ring_bytes() -> int:
+    """The state check's gradient ring on this machine: GRAD_RING_LLCS LLCs, at least
+    GRAD_RING_MIN_BYTES."""
+    from slidedp.profile.machine import llc_bytes
+
+    return max(GRAD_RING_LLCS * llc_bytes(), GRAD_RING_MIN_BYTES)
+
+
+def state_adam_rate(hs, threads: int, ring_bytes: int) -> float:
     """Parameters/s of one AdamW pass (exec.adamw.adamw_chunk, FP32 gradient) over every unit of
     the host state `hs` (exec.host_state.HostState) at `threads` threads, in chunks of
-    STATE_CHUNK_ELEMS with one gradient chunk reused (as the executor's D2H staging): the
-    executor's update in isolation on the memory it ran on. It changes the state: run it on a
-    finished run's."""
+    STATE_CHUNK_ELEMS, each chunk's gradient the next slot of a ring of `ring_bytes`
+    (grad_ring_bytes; two slots or more, never more than the state has chunks), so that every
+    gradient is read from DRAM as the
+    executor's are (module docstring): the executor's update in isolation on the memory it ran
+    on. It changes the state: run it on a finished run's."""
     import torch
 
     from slidedp.exec.adamw import AdamWConfig, adamw_chunk
     from slidedp.profile.host import torch_threads
 
-    grad = torch.full((min(STATE_CHUNK_ELEMS, max(hs.unit_numels)),), 1e-3)
-    cfg, params = AdamWConfig(), 0
+    chunk = min(STATE_CHUNK_ELEMS, max(hs.unit_numels))
+    chunks = sum(-(-n // STATE_CHUNK_ELEMS) for n in hs.unit_numels)  # no more slots than these
+    slots = min(chunks, max(2, ring_bytes // (4 * chunk)))
+    ring = torch.full((slots, chunk), 1e-3)
+    cfg, params, k = AdamWConfig(), 0, 0
     with torch_threads(threads):
         t0 = time.perf_counter()
         for u in range(hs.n_units):
             p, m, v = hs.unit_master(u), hs.unit_m(u), hs.unit_v(u)
             for lo in range(0, len(p), STATE_CHUNK_ELEMS):
                 hi = min(len(p), lo + STATE_CHUNK_ELEMS)
-                adamw_chunk(p[lo:hi], grad[:hi - lo], m[lo:hi], v[lo:hi], 1, cfg, cfg.lr)
-                params += hi - lo
+                adamw_chunk(p[lo:hi], ring[k % slots][:hi - lo], m[lo:hi], v[lo:hi], 1, cfg,
+                            cfg.lr)
+                params, k = params + hi - lo, k + 1
         return params / (time.perf_counter() - t0)
 
 
@@ -95,3 +119,13 @@ def against_profile(check: dict, hw: HardwareSpec) -> dict[str, float]:
     if "state_adam_gparam_per_s" in check:
         out["state adam"] = check["state_adam_gparam_per_s"] * 1e9 / host.adam_rate(n)
     return out
+
+
+def at_state_adam(hw: HardwareSpec, ratio: float) -> HardwareSpec:
+    """`hw` with its AdamW curves (FP32 and BF16 gradient) scaled by `ratio`, the state check's
+    AdamW over the file's (module docstring); everything else as measured."""
+    host = hw.host
+    bf16 = host.adam_bf16_grad_params_per_s
+    return replace(hw, name=f"{hw.name} at the state's AdamW x{ratio:.3f}", host=replace(
+        host, adam_params_per_s=host.adam_params_per_s.scaled(ratio),
+        adam_bf16_grad_params_per_s=None if bf16 is None else bf16.scaled(ratio)))

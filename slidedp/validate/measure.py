@@ -72,11 +72,9 @@ def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, dis
 
 def with_check(meas: dict, check: dict) -> dict:
     """A run's measured figures with its host check, the state check (the worker's
-    `state_adam_gparam_per_s`, one process only) moved into it."""
-    meas = dict(meas)
-    state = meas.pop("state_adam_gparam_per_s", None)
-    return meas | {"host_check": check if state is None
-                   else check | {"state_adam_gparam_per_s": state}}
+    `state_adam_*` figures, one process only) moved into it."""
+    state = {k: v for k, v in meas.items() if k.startswith("state_adam_")}
+    return {k: v for k, v in meas.items() if k not in state} | {"host_check": check | state}
 
 
 def checked_host() -> dict:

@@ -6,7 +6,10 @@ as simulated_trace.json.gz (times from the step's start, like the measured one) 
 overlaid per channel in overlay.png, and predicted.json's task_kind_s lists each task kind's
 summed seconds [measured, simulated] (which kind of task the model gets wrong); without one, the
 simulated trace is left out (it is reproducible with `slidedp simulate --trace`, and there is
-nothing to compare it with).
+nothing to compare it with). Where a run's state check was taken (validate/hostcheck.py),
+predicted.json adds `simulated_at_state_adam`: the simulation at the AdamW rate the executor's
+own host state read after the run, an explanation of an update's error beside the prediction,
+never the prediction.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from slidedp.sim.simulator import simulate
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.validate import store
 from slidedp.validate.cases import Case
-from slidedp.validate.hostcheck import KERNELS, against_profile
+from slidedp.validate.hostcheck import KERNELS, against_profile, at_state_adam
 from slidedp.validate.traces import find_trace, load_trace, save_trace, steady_step
 
 
@@ -73,11 +76,22 @@ def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) ->
         m_kinds, s_kinds = measured.kind_seconds(), simulated.kind_seconds()
         out["task_kind_s"] = {k: [m_kinds.get(k, 0.0), s_kinds.get(k, 0.0)]
                               for k in dict.fromkeys([*m_kinds, *s_kinds])}
-    ratios = [None if c is None or "error" in c else against_profile(c, hw)
-              for c in host_checks(store.read_json(folder / store.MEASURED))]
+    checks = host_checks(store.read_json(folder / store.MEASURED))
+    ratios = [None if c is None or "error" in c else against_profile(c, hw) for c in checks]
     if any(ratios):  # the machine at each run against the hardware file, beside the errors
         out["host_check_vs_profile"] = {k: [r.get(k) if r else None for r in ratios]
                                         for k in KERNELS}
+    state = [r["state adam"] for c, r in zip(checks, ratios, strict=True)
+             if r and "state adam" in r and "state_adam_ring_mib" in c]
+    if state:  # the explanation of an update's error: the profile at the state's AdamW
+        ratio = sum(state) / len(state)
+        at = simulate(at_state_adam(hw, ratio), case.workload(), case.plan)
+        out["simulated_at_state_adam"] = {
+            "state_adam_vs_profile": ratio, "step_time_s": at.step_time_s,
+            "update_busy_s": at.channel_busy_s.get("UPDATE", 0.0),
+            "what": "the simulation with the hardware file's AdamW curves scaled by the state "
+                    "check's ratio (mean over the runs; validate/hostcheck.at_state_adam): an "
+                    "explanation, not the prediction"}
     store.write_json(folder / store.PREDICTED, out)
     return out
 

@@ -18,6 +18,7 @@ from slidedp.validate.hostcheck import KERNELS
 
 CHANNELS = ("UPLOAD", "COMPUTE", "REDUCTION", "DOWNLOAD", "UPDATE")
 MODELS = ("analytic", "simulated")
+AT_STATE = "simulated_at_state_adam"  # predict.py: the simulation at the state check's AdamW
 
 
 def case_row(folder: Path) -> dict:
@@ -40,6 +41,9 @@ def case_row(folder: Path) -> dict:
         s = pred.get(m, {}).get("step_time_s")
         row[f"{m}_s"] = s
         row[f"{m}_error"] = None if s is None else (s - meas["step_time_s"]) / meas["step_time_s"]
+    at = pred.get("simulated_at_state_adam", {}).get("step_time_s")  # the explanation
+    row[f"{AT_STATE}_s"] = at
+    row[f"{AT_STATE}_error"] = None if at is None else (at - meas["step_time_s"]) / meas["step_time_s"]
     for k in KERNELS:  # the host check's rates over the profile's, mean over the runs
         ratios = [x for x in pred.get("host_check_vs_profile", {}).get(k) or () if x is not None]
         row[f"host_check_{k}"] = sum(ratios) / len(ratios) if ratios else None
@@ -119,17 +123,28 @@ def markdown(root: Path, rows: list[dict]) -> str:
         out.append(f"| {len(part)} | {src or '-'} | {machines} | {hws} | {_pct(a['mape'])} | "
                    f"{_pct(a['max'])} | {_pct(s['mape'])} | {_pct(s['max'])} | "
                    f"{s['max_case'] or ''} |")
+    state_rows = [r for r in rows if r[f"{AT_STATE}_error"] is not None]
+    if state_rows:
+        sim, at = error_stats(state_rows, "simulated"), error_stats(state_rows, AT_STATE)
+        out += ["", f"The {len(state_rows)} cases with a state check (validate/hostcheck.py): "
+                f"simulated MAPE {_pct(sim['mape'])}, max {_pct(sim['max'])}; the same "
+                "simulation at the AdamW rate the run's own host state read afterwards (not a "
+                f"prediction: how much of the error the state's memory explains) "
+                f"{_pct(at['mape'])}, max {_pct(at['max'])} ({at['max_case']})."]
     out += ["", "Measured s: the mean over the case's runs, each on a host state of its own, and "
             "how far apart they measured (max / min - 1) where there were two or more. Host check: "
             "AdamW, the cast and the teams at once sampled on fresh buffers before each run, and "
             "one AdamW pass over a one-GPU run's own host state after it (state adam), over the "
             "hardware file's rates (validate/hostcheck.py; cases measured since 2026-12-01 "
-            "19:00): below 1, the machine or the state read slower than profiled.", "",
+            "19:00): below 1, the machine or the state read slower than profiled. Simulated at "
+            "the state's AdamW: the simulation with the profile's AdamW scaled by the state "
+            "check's ratio (cases measured since 2026-12-01 20:30, whose state check reads its "
+            "gradients cold), an explanation, not a prediction.", "",
             "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | "
             "analytic s | simulated s | bound (sim): by (busiest host resource) | busy s "
             "measured / simulated: upload, compute, download, update | host check / profile: "
-            + ", ".join(KERNELS) + " |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            + ", ".join(KERNELS) + " | simulated at the state's AdamW s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         busy = ", ".join(f"{r[f'measured_{c}_s']:.2f}/" + ("-" if r[f"simulated_{c}_s"] is None
                                                             else f"{r[f'simulated_{c}_s']:.2f}")
@@ -140,10 +155,12 @@ def markdown(root: Path, rows: list[dict]) -> str:
         spread = "" if runs is None else f" ({_pct(runs)})"
         checked = ", ".join("-" if r[f"host_check_{k}"] is None else f"{r[f'host_check_{k}']:.2f}"
                             for k in KERNELS) if r["host_check_adam"] is not None else ""
+        at_state = "" if r[f"{AT_STATE}_s"] is None else \
+            f"{r[f'{AT_STATE}_s']:.3f} ({_pct(r[f'{AT_STATE}_error'], True)})"
         out.append(f"| {r['case']} | {r['gpus']} | {r['global_batch']}:{r['micro_batch']} | "
                    f"{r['param_route']}/{r['grad_route']}/{r['update_sharding']} | "
                    f"{r['measured_s']:.3f}{spread} | {an} | {si} | {r['simulated_bound_by']} "
-                   f"({r['simulated_host_resource']}) | {busy} | {checked} |")
+                   f"({r['simulated_host_resource']}) | {busy} | {checked} | {at_state} |")
     notes = _notes(root, store.stored_cases(root))
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]

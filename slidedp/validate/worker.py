@@ -24,7 +24,7 @@ from slidedp.profile.machine import probe_machine
 from slidedp.spec.plan import team_cores
 from slidedp.validate import store
 from slidedp.validate.cases import Case, load_cases
-from slidedp.validate.hostcheck import state_adam_rate
+from slidedp.validate.hostcheck import grad_ring_bytes, state_adam_rate
 from slidedp.validate.runner import Measurement, measure, random_host_state
 from slidedp.validate.traces import save_trace
 
@@ -71,9 +71,11 @@ def run_group(cases: list[Case], root: Path, meta: dict, session: DistSession | 
                 written.append(root / case.name / store.MEASURED)
                 print(f"measured {case.name}: {m.step_time_s:.3f} s", flush=True)
         if session is None and written:  # one process: the state check (validate/hostcheck.py)
-            rate = state_adam_rate(hs, team_cores(probe_machine().cores))
+            ring = grad_ring_bytes()
+            rate = state_adam_rate(hs, team_cores(probe_machine().cores), ring)
+            state = {"state_adam_gparam_per_s": rate / 1e9, "state_adam_ring_mib": ring >> 20}
             for f in written:
-                store.write_json(f, store.read_json(f) | {"state_adam_gparam_per_s": rate / 1e9})
+                store.write_json(f, store.read_json(f) | state)
     finally:
         if session is None:
             hs.close()
