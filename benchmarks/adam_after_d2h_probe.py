@@ -23,6 +23,10 @@ team of --update-threads (as the executor's update agent), each timed per chunk:
                   chunk, waited for, then the update: the executor's D2H -> ADAM edge)
   cold_gil        cold while another thread launches small CUDA kernels from Python, holding the
                   GIL between them (chunk_cost_probe.gil_load: the compute agent in the backward)
+  cold_dma        cold while another thread copies chunks GPU -> pinned host back to back into
+                  a ring of its own (D2H_RING slots: DMA writes into host memory at full speed)
+  cold_dma_paced  the same, each copy followed by a 5 ms pause: the executor's D2H beside its
+                  update (one 64 MiB chunk's D2H, ~1.5 ms, per ~5-6 ms update of one)
   sum_cold R      the cpu reduction's HOST_SUM of R chunks (slidedp.exec.staging.add_chunks into
                   a reused accumulator, then the squares for the gradient norm) from cold slots
   sum_after_d2h R the same from R slots the GPU has just written
@@ -46,6 +50,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 
 import torch
 
@@ -60,6 +65,7 @@ from chunk_cost_probe import Load, gil_load, team_chunks_ms  # noqa: E402
 
 MIB = 1 << 20
 D2H_RING = 4  # the executor's d2h_staging_chunks ring, per rank
+ADAM_CONDITIONS = ("reused", "cold", "after_d2h", "cold_gil", "cold_dma", "cold_dma_paced")
 
 
 class Probe:
@@ -78,6 +84,7 @@ class Probe:
         self.reused = torch.full((n,), 1e-3)
         self.src = torch.full((n,), 1e-3, device="cuda" if device == "cuda" else "cpu")
         self.registered: list[torch.Tensor] = []
+        self.dma_ring: list[torch.Tensor] | None = None  # the cold_dma loads' own D2H ring
 
     def __enter__(self) -> Probe:
         for g in self.ring if self.device == "cuda" else []:
@@ -94,6 +101,24 @@ class Probe:
             g.copy_(self.src, non_blocking=self.device == "cuda")
         if self.device == "cuda":
             torch.cuda.synchronize()
+
+    def dma_load(self, pause_s: float):
+        """A background D2H stream into a ring of its own (the cold_dma conditions)."""
+        if self.dma_ring is None:
+            self.dma_ring = [torch.empty_like(self.acc) for _ in range(D2H_RING)]
+            for g in self.dma_ring if self.device == "cuda" else []:
+                cuda_host_register(g)
+                self.registered.append(g)
+        ring = self.dma_ring
+
+        def body(halt: threading.Event) -> None:
+            k = 0
+            while not halt.is_set():
+                self.download([ring[k % D2H_RING]])
+                k += 1
+                if pause_s:
+                    halt.wait(pause_s)
+        return body
 
     def slots(self, i: int, ranks: int, fresh: bool) -> list[torch.Tensor]:
         """The ranks' slots of chunk i: in the D2H rings (fresh) or the next ones of the cold
@@ -128,12 +153,16 @@ class Probe:
             "reused": (lambda i: self.adam(i, self.reused), None),
             "cold": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
             "cold_gil": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
+            "cold_dma": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
+            "cold_dma_paced": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
             "after_d2h": (lambda i: self.adam(i, self.slots(i, 1, True)[0]), fresh_slots),
             "sum_cold": (lambda i: self.host_sum(i, ranks, False), None),
             "sum_after_d2h": (lambda i: self.host_sum(i, ranks, True), fresh_slots),
             "adam_after_sum": (lambda i: self.adam(i, self.acc), sum_first),
         }[condition]
-        load = Load(gil_load(self.device)) if condition == "cold_gil" else None
+        load = (Load(gil_load(self.device)) if condition == "cold_gil"
+                else Load(self.dma_load(0.005 if condition == "cold_dma_paced" else 0.0))
+                if condition.startswith("cold_dma") else None)
         try:
             return team_chunks_ms(self.threads, self.chunks, timed, before)
         finally:
@@ -167,7 +196,7 @@ def main() -> int:
     memory = private_shared if a.state_memory == "shm" else \
         (lambda numel, dtype: torch.empty(numel, dtype=dtype))
     p, m, v = (memory(state, torch.float32).fill_(x) for x in (0.5, 0.0, 0.0))
-    conditions = [(c, 1) for c in ("reused", "cold", "after_d2h", "cold_gil")] + [
+    conditions = [(c, 1) for c in ADAM_CONDITIONS] + [
         (c, r) for r in ([] if a.adam_only else a.sum_ranks)
         for c in ("sum_cold", "sum_after_d2h", "adam_after_sum")]
     rows = []

@@ -43,6 +43,9 @@
 #   bash benchmarks/next_gpu_session.sh h200-update OUT # nvidia-h200 (~6 min): per-chunk AdamW on
 #                                                      #   host-state memory by gradient source, around
 #                                                      #   the worst host-bound 4B case
+#   bash benchmarks/next_gpu_session.sh h200-threads OUT # nvidia-h200 (~4 min): per-chunk AdamW at
+#                                                      #   8 / 12 / 16 threads against the executor's
+#                                                      #   update at each team size (4B mb 2)
 # Left after the 2026-12-01 17:48-18:22 calls (a host rate depends on where its buffers land:
 # the profile samples fresh buffers each round; one lease's update ran 8-39% slower than
 # simulated: benchmarks/RESULTS.md), in order: `h200-drift` on any H200 (issue 6: the host-bound
@@ -255,6 +258,25 @@ h200-update)  # nvidia-h200 (~6 min): why the executor's update ran slower than 
         2>&1 | grep -av "it/s\|step/s" | tail -8 || echo "validate failed"
     tar czf "$OUT/val.tgz" -C "$OUT" val && rm -rf "$OUT/val"
     probe 2 ;;
+h200-threads)  # nvidia-h200 (~4 min): is the executor's slow update CPU-side (threads beside
+    # its team) or memory-side? (20:11: the state check read 1.01 of the profile right after a run
+    # whose update ran 25% slower than simulated.) Per-chunk AdamW on host-state memory at 8, 12
+    # and 16 threads, then the worst host-bound 4B case at each update team size (traces: the
+    # executor's chunks at that size), twice, then the probes again
+    probes() {
+        for t in 8 12 16; do
+            python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-probe-$1-t$t.json" \
+                --chunk-mib 64 --adam-only --state-memory shm --state-gib 2 --chunks 48 \
+                --repeats 2 --update-threads "$t" | python3 -c "import json,sys; [print($t, r['condition'], round(r['median_ms'], 2)) for r in map(json.loads, sys.stdin) if r['condition'] in ('cold', 'after_d2h')]"
+        done
+    }
+    probes before
+    C="2:2:sharded:cpu:rank0:window_slots=36"
+    python3 benchmarks/multi_gpu.py "$OUT/4b-update-threads.jsonl" qwen3-4b "$C:update_threads=8" \
+        "$C:update_threads=12" "$C:update_threads=16" "$C:update_threads=8" "$C:update_threads=12" \
+        "$C:update_threads=16" --iters 10 --discard 5 --traces "$OUT/traces"
+    tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
+    probes after ;;
 mem-kind)  # any H200 (~1 min): AdamW, cast and copy on /dev/shm mappings (the host state's and,
     # since 2026-12-01 13:40, the profile's memory) against anonymous memory (earlier profiles'),
     # alternating; with the huge-page modes (the 13:09 lease's profile measured AdamW 44% faster
@@ -272,6 +294,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|h200-drift|h200-update|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|h200-drift|h200-update|h200-threads|rows|x4 OUT" >&2
     exit 2 ;;
 esac

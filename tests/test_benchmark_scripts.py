@@ -166,7 +166,8 @@ def test_adam_after_d2h_probe_times_every_condition_on_the_cpu(tmp_path):
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
     conds = [(r["condition"], r["ranks"]) for r in rows]
-    adam = [(c, 1) for c in ("reused", "cold", "after_d2h", "cold_gil")]
+    adam = [(c, 1) for c in ("reused", "cold", "after_d2h", "cold_gil", "cold_dma",
+                             "cold_dma_paced")]
     expected = adam + [
         (c, r) for r in (2, 3) for c in ("sum_cold", "sum_after_d2h", "adam_after_sum")]
     assert conds == expected * 2

@@ -187,6 +187,33 @@ def test_dma_draws_on_all_host_memory_traffic_only_when_that_is_measured(tmp_pat
         assert use.capacity[dram] == pytest.approx(hw.host.team_dram_bps(24))
 
 
+def test_the_dma_weight_draws_the_copies_on_the_cpu_kernels_cap(tmp_path):
+    """Beside host.mem, a measured DMA weight w makes each copy draw w of its bytes on host.dram
+    too, and a host-bound step predicted with it is slower; without one the copies leave
+    host.dram to the CPU kernels."""
+    text = (preset_dir() / "h200x1.toml").read_text()
+    wl = Workload(load_model("qwen3-0.6b"), 512, 1, 1, 1)
+    plan = default_plan("pcie")
+    g = build_graph(wl, plan, cores=16, iterations=1)
+    hws = []
+    for teams_under in (None, 80.0):
+        extra = "dram_teams_gbps = [12, 12, 100.0]\ndram_dma_gbps = [12, 12, 1, 140.0]\n"
+        if teams_under is not None:
+            extra += f"dram_dma_teams_gbps = {teams_under}\n"
+        path = tmp_path / f"w{teams_under}.toml"
+        path.write_text(text.replace("[host]\n", "[host]\n" + extra, 1))
+        hws.append(load_hardware(str(path)))
+    assert hws[1].host.dma_weight() == pytest.approx(20 / 60)
+    for hw, w in zip(hws, (0.0, 20 / 60), strict=True):
+        use = resource_use(g, hw, task_durations(g, hw, wl))
+        for dma in (Kind.H2D, Kind.D2H):
+            d = _draws(g, use, dma)
+            assert d.get("host.dram", 0.0) == pytest.approx(w * d["host.mem"])
+    for model in (predict, simulate):  # the copies now slow the update beside them
+        steps = [model(hw, wl, plan).step_time_s for hw in hws]
+        assert steps[1] > 1.01 * steps[0], model
+
+
 def test_the_memory_cap_frees_the_dma_only_above_the_teams_cap(tmp_path):
     """A measured all-traffic rate at or below the teams' cap predicts as the unmeasured spec
     (host.mem is floored at host.dram's cap); a larger one lets the DMA run beside the CPU

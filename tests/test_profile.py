@@ -185,11 +185,13 @@ def test_teams_run_counts_the_dma_loads_beside_them():
         dst.copy_(src)
         calls.append(1)
 
-    alone, cast_alone = bench.teams_bps(1, 1, 0.05)
-    both, cast_both = bench.teams_bps(1, 1, 0.05, [(load, 1e12)])  # said to move 1 TB a call
+    alone, cast_alone, teams_alone = bench.teams_bps(1, 1, 0.05)
+    both, cast_both, teams_both = bench.teams_bps(1, 1, 0.05, [(load, 1e12)])  # 1 TB a call
     assert len(calls) >= 2 and alone > 0  # a warm-up call, then timed ones
     assert both > 100 * alone  # its bytes are counted
     assert 0 < cast_alone < alone and 0 < cast_both < 0.01 * both  # the cast's own part
+    assert teams_alone == pytest.approx(alone)  # the teams' part: all of it without the copies
+    assert cast_both < teams_both < 0.01 * both  # the teams' part without the copies' bytes
 
     def broken():
         raise RuntimeError("copy failed")
@@ -269,6 +271,10 @@ def test_rounds_rate_and_spread(rates, scale):
     want = max(rates) / min(rates) - 1
     assert rounds.spread("adam") == pytest.approx(want)
     assert rounds.spread("copy") == 0.0 and rounds.spread("cast") == 0.0
+    slow, fast = rounds.range(("adam", 4))  # the kept rounds around the rate, unit-free
+    assert slow <= 1 + 1e-9 and fast >= 1 - 1e-9
+    assert (slow, fast) == (pytest.approx(min(kept) * scale / rate),
+                            pytest.approx(max(kept) * scale / rate))
 
 
 class _ScriptedBench:
@@ -290,8 +296,9 @@ class _ScriptedBench:
 
     dram_bps = cast_elems_per_s = adam_params_per_s = elems_per_s = _rate
 
-    def teams_bps(self, *args) -> tuple[float, float]:
-        return self.TEAMS[self.allocation]
+    def teams_bps(self, *args) -> tuple[float, float, float]:
+        total, cast = self.TEAMS[self.allocation]
+        return total, cast, total
 
     def repeats_for(self, n: int) -> int:
         return 3
@@ -340,6 +347,10 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     assert res.dram_teams[2:] == (pytest.approx(100e9), pytest.approx(30e9))
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
     sources = doc["host"]["sources"]
+    # the host's spread at the team size: the kept rounds all read 10, so no spread
+    assert doc["host"]["rate_range"] == {"adam": [1.0, 1.0], "cast": [1.0, 1.0]}
+    assert f"at the executor's team size ({team_cores(machine.cores)} threads)" in sources[
+        "rate_range"]
     assert ("/ time, the harmonic mean without the fastest and the slowest of the rounds (they "
             "differed by up to 50%)") in sources["dram_teams_gbps"]
     assert ("the harmonic mean without the fastest and the slowest of 5 rounds over the thread "
@@ -361,6 +372,60 @@ def test_memory_cap_with_dma_is_parsed(tmp_path):
     with pytest.raises(SpecError, match="host.dram_dma_gbps"):
         load_hardware(str(f))
     assert load_hardware("h200x1").host.memory_bps() is None
+
+
+def test_the_teams_part_beside_the_dma_gives_the_dma_weight(tmp_path):
+    """dram_dma_teams_gbps (the teams' own traffic beside the copies) loads only with the two
+    runs it compares, within (0, dram_dma_gbps); the DMA's weight on the CPU kernels' cap is the
+    teams' lost traffic over the copies' traffic, clamped to [0, 1], 0 where not measured."""
+    base = (preset_dir() / "h200x1.toml").read_text()
+
+    def host(extra: str):
+        f = tmp_path / "dma.toml"
+        f.write_text(base.replace("[host]\n", "[host]\n" + extra, 1))
+        return load_hardware(str(f)).host
+
+    both = "dram_teams_gbps = [12, 12, 110.0]\ndram_dma_gbps = [12, 12, 1, 150.0]\n"
+    h = host(both + "dram_dma_teams_gbps = 90.0\n")  # the teams lost 20 GB/s to 60 of copies
+    assert h.dram_dma_teams_bps == 90e9 and h.dma_weight() == pytest.approx(20 / 60)
+    assert host(both + "dram_dma_teams_gbps = 115.0\n").dma_weight() == 0.0  # none lost
+    assert host(both).dma_weight() == 0.0 and load_hardware("h200x1").host.dma_weight() == 0.0
+    for bad, why in (("dram_dma_teams_gbps = 150.0\n", "between 0 and dram_dma_gbps"),
+                     ("dram_dma_teams_gbps = 0\n", "host.dram_dma_teams_gbps")):
+        with pytest.raises(SpecError, match=why):
+            host(both + bad)
+    with pytest.raises(SpecError, match="host.dram_dma_teams_gbps.*same team sizes"):
+        host("dram_teams_gbps = [8, 12, 110.0]\ndram_dma_gbps = [12, 12, 1, 150.0]\n"
+             "dram_dma_teams_gbps = 90.0\n")
+
+
+def test_rate_range_loads_and_brackets_the_host_rates(tmp_path):
+    """host.rate_range: [slow, fast] factors around 1 for adam and cast, named in the error
+    where wrong; host_corners scales AdamW (both gradients) and the cast (by threads and by
+    chunk) by them and nothing else."""
+    base = (preset_dir() / "h200x1.toml").read_text()
+    f = tmp_path / "range.toml"
+
+    def load(table: str):
+        f.write_text(base.replace("[host]\n", f"[host]\nrate_range = {table}\n", 1))
+        return load_hardware(str(f))
+
+    hw = load("{ adam = [0.9, 1.2], cast = [0.8, 1.1] }")
+    slow, fast = hw.host_corners()
+    for corner, i in ((slow, 0), (fast, 1)):
+        a, c = (0.9, 1.2)[i], (0.8, 1.1)[i]
+        assert corner.host.adam_rate(12) == pytest.approx(a * hw.host.adam_rate(12))
+        assert corner.host.adam_rate(12, 2) == pytest.approx(a * hw.host.adam_rate(12, 2))
+        assert corner.host.cast_rate(12, 2**25) == pytest.approx(c * hw.host.cast_rate(12, 2**25))
+        assert (corner.host.dram_bps, corner.pcie, corner.gpu) == (hw.host.dram_bps, hw.pcie,
+                                                                   hw.gpu)
+    assert load_hardware("h200x1").host_corners() is None
+    for table, field in (("{ adam = [1.1, 1.2] }", "host.rate_range.adam"),
+                         ("{ cast = [0.9] }", "host.rate_range.cast"),
+                         ("{ copy = [0.9, 1.1] }", "host.rate_range.copy"),
+                         ("[0.9, 1.1]", "host.rate_range")):
+        with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+            load(table)
 
 
 def test_cast_share_of_the_teams_run_is_checked(tmp_path):

@@ -42,9 +42,10 @@ simulator shares them between concurrent tasks):
   gpu{r}.compute (seconds), gpu{r}.h2d, gpu{r}.d2h (bytes, per-GPU link per direction),
   gpu{r}.duplex (bytes, both directions), host.h2d, host.d2h, host.pcie (bytes, all GPUs:
   the host-side caps), host.dram (bytes; dram_bps: what the graph's largest CPU team reaches,
-  HostSpec.team_dram_bps: the CPU kernels, and the DMA too unless host.mem exists), host.mem
-  (bytes, only with a measured HostSpec.memory_bps, at least host.dram's cap: all host-memory
-  traffic, the DMA's and the CPU kernels'), host.cores (core-seconds), fabric (seconds;
+  HostSpec.team_dram_bps: the CPU kernels, and the DMA too unless host.mem exists; beside
+  host.mem, a DMA byte draws HostSpec.dma_weight of a byte of it, what the copies measurably cost
+  the CPU kernels), host.mem (bytes, only with a measured HostSpec.memory_bps, at least
+  host.dram's cap: all host-memory traffic, the DMA's and the CPU kernels'), host.cores (core-seconds), fabric (seconds;
   on a `pcie` fabric collectives also load each GPU's PCIe links and, since peer traffic
   crosses the root complex, the host-side all-GPU cap host.pcie).
 """
@@ -235,6 +236,13 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         if memory_bps is not None:
             use("host.mem", a)
 
+    dma_weight = h.dma_weight() if memory_bps is not None else 0.0
+
+    def dma_bytes(a):  # a copy's host-memory traffic, and what it costs the CPU kernels' cap
+        use(dma_dram, a)
+        if dma_weight > 0:
+            use("host.dram", dma_weight * a)
+
     kinds, ranks, work = g.kind.tolist(), g.rank.tolist(), g.work.tolist()
     threads = held_cores(g).tolist()
     copy_pass = bool(g.meta.get("adam_writes_copy"))
@@ -247,10 +255,10 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
             use(f"gpu{r}.compute", dur[v])
         elif k in (Kind.H2D, Kind.ACT_RELOAD):
             use(f"gpu{r}.h2d", w), use(f"gpu{r}.duplex", w), use("host.h2d", w)
-            use("host.pcie", w), use(dma_dram, w)
+            use("host.pcie", w), dma_bytes(w)
         elif k in (Kind.D2H, Kind.ACT_OFFLOAD):
             use(f"gpu{r}.d2h", w), use(f"gpu{r}.duplex", w), use("host.d2h", w)
-            use("host.pcie", w), use(dma_dram, w)
+            use("host.pcie", w), dma_bytes(w)
         elif k == Kind.CAST:
             host_bytes(w * h.cast_dram_bytes_per_elem)
             use("host.cores", threads[v] * kernel_s[v])

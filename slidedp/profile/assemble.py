@@ -31,10 +31,10 @@ from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
 from slidedp.profile.run import TEAMS_S_PER_ROUND, Request, Results
-from slidedp.profile.timing import rounds_rule
+from slidedp.profile.timing import Rounds, rounds_rule
 from slidedp.spec.errors import SpecError
-from slidedp.spec.hardware import COLLECTIVES, GB, GIB, HardwareSpec
-from slidedp.spec.plan import Plan
+from slidedp.spec.hardware import COLLECTIVES, GB, GIB, RANGE_KERNELS, HardwareSpec
+from slidedp.spec.plan import Plan, team_cores
 
 MIB = 2**20
 GPU_KEYS = ("count", "hbm_gib", "hbm_gbps", "peak_bf16_tflops", "achieved")
@@ -64,6 +64,21 @@ def require_base(missing: dict[str, str], base: HardwareSpec | None) -> None:
         what = "; ".join(f"{k} ({why})" for k, why in missing.items())
         raise SpecError("command line", "--base", "a hardware preset or TOML to take what this "
                         f"machine cannot measure from: {what}")
+
+
+def rate_range(rounds: Rounds, team: int) -> dict[str, list[float]]:
+    """host.rate_range from a profile's rounds: each kernel of RANGE_KERNELS sampled at the
+    executor's team size, [slowest, fastest] kept round over its rate (Rounds.range)."""
+    return {k: [g4(x) for x in rounds.range((k, team))] for k in RANGE_KERNELS
+            if rounds.samples.get((k, team))}
+
+
+def rate_range_rule(ranged: dict, team: int, n_rounds: int) -> str:
+    """What host.rate_range is, for its source line."""
+    return (" and ".join(ranged) + f" at the executor's team size ({team} threads), the slowest "
+            f"and the fastest of the {n_rounds} rounds (each on fresh buffers) that the rate "
+            f"keeps ({rounds_rule(n_rounds)}), over the rate: how far this host's speed moves "
+            "with where its buffers land")
 
 
 class Assembler:
@@ -356,8 +371,14 @@ class Assembler:
                 f"time, {rounds_rule(s.host_rounds)} of the rounds (the rest is the update team's; "
                 "HostSpec.cast_weight)")
         if res.dram_dma is not None:
-            ct, ut, gpus, bps = res.dram_dma
+            ct, ut, gpus, bps, teams_bps = res.dram_dma
             t["dram_dma_gbps"] = [ct, ut, gpus, g4(bps / GB)]
+            t["dram_dma_teams_gbps"] = g4(teams_bps / GB)
+            t["sources"]["dram_dma_teams_gbps"] = m.source(
+                "measured: the teams' own part of dram_dma_gbps (6 B x cast elements + 28 B x "
+                f"Adam parameters) / time, {rounds_rule(s.host_rounds)} of the runs (they differed "
+                f"by up to {res.host_rounds.spread('teams under dma'):.0%}): against "
+                "dram_teams_gbps, what the copies' DMA costs the CPU teams (HostSpec.dma_weight)")
             t["sources"]["dram_dma_gbps"] = m.source(
                 f"measured: the teams-at-once run (dram_teams_gbps: cast {ct} + update {ut} "
                 f"threads) with each of {gpus} GPU(s) copying {s.stream_copies} x "
@@ -378,6 +399,11 @@ class Assembler:
                 "start(next task) - end(previous task) over consecutive tasks of one agent whose "
                 "next task's inputs had all ended before (" + ", ".join(
                     f"{k} {n} pairs" for k, n in gaps.pairs.items()) + "); profile/agents.py")
+        ranged = rate_range(res.host_rounds, team_cores(m.cores))
+        if ranged and s.host_rounds > 1:
+            t["rate_range"] = ranged
+            t["sources"]["rate_range"] = m.source(
+                "measured: " + rate_range_rule(ranged, team_cores(m.cores), s.host_rounds))
         if chunked:
             chunks = sorted({c for c, _ in chunked})
             t["cast_chunk_gelem_per_s"] = [[c // MIB, n, g4(chunked[(c, n)] / 1e9)]

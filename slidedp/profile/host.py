@@ -113,12 +113,14 @@ class HostBench:
         return self.elems / self._median_s(lambda: self._adam_step(bf16_grad), threads)
 
     def teams_bps(self, cast_threads: int, update_threads: int, seconds: float,
-                  dma: Sequence[tuple[Callable[[], None], float]] = ()) -> tuple[float, float]:
+                  dma: Sequence[tuple[Callable[[], None], float]] = ()
+                  ) -> tuple[float, float, float]:
         """DRAM bytes/s of a cast team and an update team running at once (module docstring),
         with `dma` loads beside them (each a call and the host-memory bytes one call moves, run
         in a thread of its own: every GPU's copies, PcieBench.dma_loads): one warm-up call each,
         then all loop from a common start for `seconds`. Returns (the bytes all moved, the bytes
-        the cast team moved), each over the time from the first start to the last end. A load
+        the cast team moved, the bytes both teams moved), each over the time from the first start
+        to the last end. A load
         that raises stops the others at the start barrier (or lets them finish) and the run
         raises RuntimeError from its error."""
         if self.cast_src is None:  # the cast's own master: Adam writes `src`
@@ -149,7 +151,7 @@ class HostBench:
         run_together([body(i, *x) for i, x in enumerate(loads)],
                      "a load of the teams-at-once run")
         span_s = max(e for _, e in spans) - min(s for s, _ in spans)
-        return sum(moved) / span_s, moved[0] / span_s
+        return sum(moved) / span_s, moved[0] / span_s, (moved[0] + moved[1]) / span_s
 
 
 MAX_CHUNK_REPEATS = 64

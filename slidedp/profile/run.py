@@ -66,7 +66,7 @@ class Results:
     dram_teams: tuple[int, int, float, float] | None = None
     # the same with every GPU's duplex copies, over its runs: (cast threads, update threads,
     # GPUs, bytes/s)
-    dram_dma: tuple[int, int, int, float] | None = None
+    dram_dma: tuple[int, int, int, float, float] | None = None  # ..., all, the teams' part
     # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
     cast_chunk_elems_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
     cast_chunk_src_bytes: int = 0
@@ -154,7 +154,8 @@ class Profiler:
         teams_keys = (("teams", team, team), ("teams cast", team, team))
 
         def teams():
-            for key, bps in zip(teams_keys, self._host.teams_bps(team, team, TEAMS_S_PER_ROUND),
+            for key, bps in zip(teams_keys,
+                                self._host.teams_bps(team, team, TEAMS_S_PER_ROUND)[:2],
                                 strict=True):
                 r.host_rounds.add(key, bps)
 
@@ -246,12 +247,14 @@ class Profiler:
         team = team_cores(self.m.cores)
 
         def teams_and_dma():
-            key = ("teams with dma", team, team, gpus)
+            keys = (("teams with dma", team, team, gpus), ("teams under dma", team, team, gpus))
             for _ in range(s.host_rounds):
                 self._alloc_host()  # fresh buffers each run, as the rounds (timing.Rounds)
-                r.host_rounds.add(key, self._host.teams_bps(team, team, TEAMS_S_PER_ROUND,
-                                                            self._pcie.dma_loads())[0])
-            r.dram_dma = (team, team, gpus, r.host_rounds.rate(key))
+                total, _, teams = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND,
+                                                       self._pcie.dma_loads())
+                r.host_rounds.add(keys[0], total)
+                r.host_rounds.add(keys[1], teams)
+            r.dram_dma = (team, team, gpus, *(r.host_rounds.rate(k) for k in keys))
 
         steps = [Step("pin host buffers", alloc)]
         steps += [Step(f"PCIe GPU {g} alone and duplex", lambda g=g: alone(g)) for g in range(gpus)]

@@ -89,11 +89,19 @@ class Rounds:
     def add(self, key: tuple, rate: float) -> None:
         self.samples[key].append(rate)
 
-    def rate(self, key: tuple) -> float:
+    def kept(self, key: tuple) -> list[float]:
+        """The rounds a rate averages, sorted: all, or without the two extremes from TRIM_FROM."""
         xs = sorted(self.samples[key])
-        if len(xs) >= self.TRIM_FROM:
-            xs = xs[1:-1]
-        return statistics.harmonic_mean(xs)
+        return xs[1:-1] if len(xs) >= self.TRIM_FROM else xs
+
+    def rate(self, key: tuple) -> float:
+        return statistics.harmonic_mean(self.kept(key))
+
+    def range(self, key: tuple) -> tuple[float, float]:
+        """(slowest, fastest) of the kept rounds over the rate: factors around 1, how far one
+        allocation of the buffers read from the average (HostSpec.rate_range)."""
+        xs, rate = self.kept(key), self.rate(key)
+        return xs[0] / rate, xs[-1] / rate
 
     def spread(self, kernel: str) -> float:
         """The largest max / min - 1 of one key's rounds over the keys of `kernel` (0 where none

@@ -23,6 +23,9 @@ Schema (units in names):
               that traffic (the rest is the update team's; HostSpec.cast_weight)
               dram_dma_gbps = [cast threads, update threads, GPUs, GB/s]  (optional) the same with
               every GPU copying both ways beside them: all host-memory traffic (HostSpec.memory_bps)
+              dram_dma_teams_gbps  (optional, with dram_dma_gbps and dram_teams_gbps at the same
+              team sizes) the teams' own part of that run: what the DMA costs the CPU kernels
+              (HostSpec.dma_weight)
               cast_chunk_gelem_per_s = [[chunk_mib, threads, rate], ...]  (optional) the cast by
               chunk size: chunk_mib is the chunk's BF16 size (what H2D moves, as pcie.chunk_gbps;
               elements = chunk_mib MiB / 2 B); rows by chunk_mib, threads strictly increasing
@@ -31,6 +34,10 @@ Schema (units in names):
               gradient widened in cache (plan.grad_widen = host; HostSpec.adam_rate)
               agent_gap_us = { cast = us, adam = us }  (optional) the executor's dispatch cost
               per CAST / ADAM task on its CPU agents (profile/agents.py; HostSpec.task_gap_s)
+              rate_range = { adam = [slow, fast], cast = [slow, fast] }  (optional) how far the
+              profile's rounds of a kernel at the executor's team size read from its rate, as
+              factors (slow <= 1 <= fast): the host's own spread, which brackets a host-bound
+              prediction (HardwareSpec.host_corners)
   [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
               cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
               efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
@@ -41,7 +48,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -185,6 +192,8 @@ class HostSpec:
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
     dram_dma: tuple[float, float, float, float] | None = None
+    # the teams' own bytes/s in that run; None: not measured (profiles before 2026-12-01 21:10)
+    dram_dma_teams_bps: float | None = None
     # Adam on a BF16 gradient widened in cache (plan.grad_widen = host), against threads; None:
     # not measured (profiles before 2026-12-01, presets): the FP32 gradient's curve stands in
     adam_bf16_grad_params_per_s: RateCurve | None = None
@@ -192,6 +201,18 @@ class HostSpec:
     # to those tasks' durations (graph/costs.py); empty: not measured (profiles before
     # 2026-12-01 08:00, presets), no dispatch cost
     task_gap_s: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # the host's spread, {kernel: (slow, fast)} factors over the kernel's rate, for "adam" and
+    # "cast" (module docstring); empty: not measured (profiles before 2026-12-01 20:40, presets)
+    rate_range: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    def with_rates(self, adam: float = 1.0, cast: float = 1.0) -> HostSpec:
+        """This host with its AdamW curves (FP32 and BF16 gradient) times `adam` and its cast
+        curves (by threads and by chunk) times `cast`; everything else as measured."""
+        bf16 = self.adam_bf16_grad_params_per_s
+        return replace(self, adam_params_per_s=self.adam_params_per_s.scaled(adam),
+                       adam_bf16_grad_params_per_s=None if bf16 is None else bf16.scaled(adam),
+                       cast_elems_per_s=self.cast_elems_per_s.scaled(cast),
+                       cast_chunk=tuple((c, curve.scaled(cast)) for c, curve in self.cast_chunk))
 
     def cast_rate(self, threads: float, chunk_elems: float | None = None) -> float:
         """Elements/s of the FP32 -> BF16 cast with `threads` threads; with `chunk_elems` and a
@@ -256,6 +277,21 @@ class HostSpec:
         host-memory traffic than the 163 GB/s the teams reached alone."""
         return None if self.dram_dma is None else self.dram_dma[3]
 
+    def dma_weight(self) -> float:
+        """DRAM bytes of the CPU kernels' cap (host.dram) one byte of the GPUs' DMA takes: the
+        teams' traffic lost beside the copies over the copies' traffic, (dram_teams -
+        dram_dma_teams) / (dram_dma - dram_dma_teams), within [0, 1]; 0 where not measured (the
+        DMA then draws only on memory_bps). On nvidia-h200-x4 the teams kept their traffic
+        beside four GPUs' copies (memory_bps above); on one nvidia-h200 (2026-12-01 20:27,
+        benchmarks/adam_after_d2h_probe.py) a D2H stream beside the update took its 64 MiB
+        chunks from 7.4 to 10-12 ms, a 5 ms pause after each copy to 7.7-8.7 ms."""
+        if self.dram_dma_teams_bps is None or self.dram_dma is None or self.dram_teams is None:
+            return 0.0
+        dma_bps = self.dram_dma[3] - self.dram_dma_teams_bps
+        if dma_bps <= 0:
+            return 0.0
+        return min(1.0, max(0.0, (self.dram_teams[2] - self.dram_dma_teams_bps) / dma_bps))
+
 
 @dataclass(frozen=True)
 class FabricSpec:
@@ -302,6 +338,19 @@ class HardwareSpec:
 
     def source_of(self, section: str, key: str) -> str:
         return getattr(self, section).sources[key]
+
+    def host_corners(self) -> tuple[HardwareSpec, HardwareSpec] | None:
+        """(slow, fast): this hardware with its AdamW and cast at the slowest and at the
+        fastest of the profile's rounds (host.rate_range), None where the file has no range.
+        A host-bound step predicted on each brackets where it may land on this machine."""
+        r = self.host.rate_range
+        if not r:
+            return None
+        adam, cast = r.get("adam", (1.0, 1.0)), r.get("cast", (1.0, 1.0))
+        slow, fast = (replace(self, name=f"{self.name} ({which} host rounds)",
+                              host=self.host.with_rates(adam=adam[i], cast=cast[i]))
+                      for i, which in enumerate(("slowest", "fastest")))
+        return slow, fast
 
 
 def _sources(t: Table, keys: list[str]) -> MappingProxyType:
@@ -363,7 +412,9 @@ def _host(t: Table) -> HostSpec:
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
     src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
                                           "dram_teams_cast_gbps", "dram_dma_gbps",
-                                          "adam_bf16_grad_gparam_per_s", "agent_gap_us")
+                                          "dram_dma_teams_gbps",
+                                          "adam_bf16_grad_gparam_per_s", "agent_gap_us",
+                                          "rate_range")
                           if t.has(k)])
     teams = dma = None
     if t.has("dram_teams_gbps"):
@@ -386,6 +437,17 @@ def _host(t: Table) -> HostSpec:
                                                    "host.dram_dma_gbps",
                                                    "[cast threads, update threads, GPUs, GB/s]", 4)
         dma = (cast_t, update_t, gpus, gbps * GB)
+    dma_teams = None
+    if t.has("dram_dma_teams_gbps"):
+        if dma is None or teams is None or teams[:2] != dma[:2]:
+            raise SpecError(t.where, "host.dram_dma_teams_gbps",
+                            "only beside host.dram_dma_gbps and host.dram_teams_gbps of the same "
+                            "team sizes (the runs it compares)")
+        dma_teams = t.num("dram_dma_teams_gbps") * GB
+        if not 0 < dma_teams < dma[3]:
+            raise SpecError(t.where, "host.dram_dma_teams_gbps",
+                            f"between 0 and dram_dma_gbps ({dma[3] / GB:g}), exclusive, "
+                            f"got {dma_teams / GB:g}")
     cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
                                 "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
     adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
@@ -398,9 +460,33 @@ def _host(t: Table) -> HostSpec:
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
                               src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast, dma,
-                 adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where))
+                 dma_teams, adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where),
+                 _rate_range(t.raw("rate_range", {}), t.where))
     t.done()
     return h
+
+
+RANGE_KERNELS = ("adam", "cast")  # the host kernels a rate_range may give
+
+
+def _rate_range(table, where: str) -> MappingProxyType:
+    """host.rate_range -> {kernel: (slow, fast)}: kernels of RANGE_KERNELS, each [slow, fast]
+    with 0 < slow <= 1 <= fast."""
+    name = "host.rate_range"
+    if not isinstance(table, dict):
+        raise SpecError(where, name, f"a table {{ adam = [slow, fast], cast = [slow, fast] }}, "
+                                     f"got {table!r}")
+    out = {}
+    for k, v in table.items():
+        if k not in RANGE_KERNELS:
+            raise SpecError(where, f"{name}.{k}", f"one of {', '.join(RANGE_KERNELS)}")
+        ok = isinstance(v, list) and len(v) == 2 and all(
+            isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+        if not (ok and 0 < v[0] <= 1 <= v[1]):
+            raise SpecError(where, f"{name}.{k}",
+                            f"[slow, fast] factors with 0 < slow <= 1 <= fast, got {v!r}")
+        out[k] = (float(v[0]), float(v[1]))
+    return MappingProxyType(out)
 
 
 AGENT_GAP_KINDS = ("cast", "adam")  # lower-case names of the Kinds a dispatch cost applies to

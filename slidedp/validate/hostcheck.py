@@ -58,7 +58,7 @@ def host_check() -> dict:
         rounds.add(("adam",), bench.adam_params_per_s(team))
         rounds.add(("cast",), bench.cast_elems_per_s(team))
         bench.warmup = 0
-    teams_bps, _ = bench.teams_bps(team, team, TEAMS_S_PER_ROUND)
+    teams_bps = bench.teams_bps(team, team, TEAMS_S_PER_ROUND)[0]
     return {"threads": team, "adam_gparam_per_s": rounds.rate(("adam",)) / 1e9,
             "cast_gelem_per_s": rounds.rate(("cast",)) / 1e9, "teams_gbps": teams_bps / 1e9,
             "seconds": time.perf_counter() - t0,
@@ -124,8 +124,5 @@ def against_profile(check: dict, hw: HardwareSpec) -> dict[str, float]:
 def at_state_adam(hw: HardwareSpec, ratio: float) -> HardwareSpec:
     """`hw` with its AdamW curves (FP32 and BF16 gradient) scaled by `ratio`, the state check's
     AdamW over the file's (module docstring); everything else as measured."""
-    host = hw.host
-    bf16 = host.adam_bf16_grad_params_per_s
-    return replace(hw, name=f"{hw.name} at the state's AdamW x{ratio:.3f}", host=replace(
-        host, adam_params_per_s=host.adam_params_per_s.scaled(ratio),
-        adam_bf16_grad_params_per_s=None if bf16 is None else bf16.scaled(ratio)))
+    return replace(hw, name=f"{hw.name} at the state's AdamW x{ratio:.3f}",
+                   host=hw.host.with_rates(adam=ratio))

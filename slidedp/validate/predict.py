@@ -6,10 +6,12 @@ as simulated_trace.json.gz (times from the step's start, like the measured one) 
 overlaid per channel in overlay.png, and predicted.json's task_kind_s lists each task kind's
 summed seconds [measured, simulated] (which kind of task the model gets wrong); without one, the
 simulated trace is left out (it is reproducible with `slidedp simulate --trace`, and there is
-nothing to compare it with). Where a run's state check was taken (validate/hostcheck.py),
-predicted.json adds `simulated_at_state_adam`: the simulation at the AdamW rate the executor's
-own host state read after the run, an explanation of an update's error beside the prediction,
-never the prediction.
+nothing to compare it with). Where the hardware file gives the host's spread (host.rate_range),
+the simulated figures add `step_time_range_s`: the step simulated with AdamW and the cast at the
+profile's slowest and at its fastest rounds (HardwareSpec.host_corners). Where a run's state
+check was taken (validate/hostcheck.py), predicted.json adds `simulated_at_state_adam`: the
+simulation at the AdamW rate the executor's own host state read after the run, an explanation
+of an update's error beside the prediction, never the prediction.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) ->
            "hardware": ref | {"notes": hardware_notes},
            "analytic": analytic_figures(hw, case), "simulated": simulated_figures(res),
            "simulated_trace": None}
+    corners = hw.host_corners()
+    if corners is not None:  # where the host's own spread may put the step (HostSpec.rate_range)
+        out["simulated"]["step_time_range_s"] = sorted(
+            simulate(c, case.workload(), case.plan).step_time_s for c in corners)
     measured_trace = find_trace(folder / store.MEASURED_TRACE)
     if measured_trace is not None:
         from slidedp.validate.plot import overlay  # matplotlib only where a plot is drawn

@@ -41,6 +41,9 @@ def case_row(folder: Path) -> dict:
         s = pred.get(m, {}).get("step_time_s")
         row[f"{m}_s"] = s
         row[f"{m}_error"] = None if s is None else (s - meas["step_time_s"]) / meas["step_time_s"]
+    lo_hi = pred.get("simulated", {}).get("step_time_range_s")  # the host's spread
+    row["simulated_range_s"] = None if lo_hi is None else f"{lo_hi[0]:.3f}-{lo_hi[1]:.3f}"
+    row["measured_in_range"] = None if lo_hi is None else lo_hi[0] <= meas["step_time_s"] <= lo_hi[1]
     at = pred.get("simulated_at_state_adam", {}).get("step_time_s")  # the explanation
     row[f"{AT_STATE}_s"] = at
     row[f"{AT_STATE}_error"] = None if at is None else (at - meas["step_time_s"]) / meas["step_time_s"]
@@ -123,6 +126,12 @@ def markdown(root: Path, rows: list[dict]) -> str:
         out.append(f"| {len(part)} | {src or '-'} | {machines} | {hws} | {_pct(a['mape'])} | "
                    f"{_pct(a['max'])} | {_pct(s['mape'])} | {_pct(s['max'])} | "
                    f"{s['max_case'] or ''} |")
+    ranged = [r for r in rows if r["measured_in_range"] is not None]
+    if ranged:
+        inside = sum(r["measured_in_range"] for r in ranged)
+        out += ["", f"The {len(ranged)} cases whose profile gives the host's spread "
+                "(host.rate_range): measured within the step simulated at the profile's slowest "
+                f"and fastest host rounds in {inside} of {len(ranged)}."]
     state_rows = [r for r in rows if r[f"{AT_STATE}_error"] is not None]
     if state_rows:
         sim, at = error_stats(state_rows, "simulated"), error_stats(state_rows, AT_STATE)
@@ -143,8 +152,9 @@ def markdown(root: Path, rows: list[dict]) -> str:
             "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | "
             "analytic s | simulated s | bound (sim): by (busiest host resource) | busy s "
             "measured / simulated: upload, compute, download, update | host check / profile: "
-            + ", ".join(KERNELS) + " | simulated at the state's AdamW s |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            + ", ".join(KERNELS) + " | simulated at the state's AdamW s | simulated s at the "
+            "host's slowest-fastest rounds |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         busy = ", ".join(f"{r[f'measured_{c}_s']:.2f}/" + ("-" if r[f"simulated_{c}_s"] is None
                                                             else f"{r[f'simulated_{c}_s']:.2f}")
@@ -160,7 +170,7 @@ def markdown(root: Path, rows: list[dict]) -> str:
         out.append(f"| {r['case']} | {r['gpus']} | {r['global_batch']}:{r['micro_batch']} | "
                    f"{r['param_route']}/{r['grad_route']}/{r['update_sharding']} | "
                    f"{r['measured_s']:.3f}{spread} | {an} | {si} | {r['simulated_bound_by']} "
-                   f"({r['simulated_host_resource']}) | {busy} | {checked} | {at_state} |")
+                   f"({r['simulated_host_resource']}) | {busy} | {checked} | {at_state} | {r['simulated_range_s'] or ''} |")
     notes = _notes(root, store.stored_cases(root))
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
