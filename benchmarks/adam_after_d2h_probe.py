@@ -15,7 +15,7 @@ Per chunk size (FP32 gradient MiB, as the plan's d2h_chunk_mib), in a thread wit
 team of --update-threads (as the executor's update agent), each timed per chunk:
   reused          the fused AdamW of one chunk on the same rotating p, m, v slices, its gradient
                   one unpinned chunk reused for every chunk (as validate/hostcheck.state_adam_rate
-                  times the executor's state: does the reused gradient stay in the LLC?)
+                  timed the executor's state until 2026-12-01 20:10: does it stay in the LLC?)
   cold            the fused AdamW of one chunk (slidedp.exec.adamw.adamw_chunk) on p, m, v slices
                   rotating through a state larger than any cache, its gradient from a pinned ring
                   slot written long before (a rotating 2 GiB ring: from DRAM)
@@ -149,25 +149,25 @@ class Probe:
             fresh_slots(i)
             self.host_sum(i, ranks, True)
 
+        def cold(i: int) -> None:
+            self.adam(i, self.slots(i, 1, False)[0])
+
         timed, before = {
             "reused": (lambda i: self.adam(i, self.reused), None),
-            "cold": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
-            "cold_gil": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
-            "cold_dma": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
-            "cold_dma_paced": (lambda i: self.adam(i, self.slots(i, 1, False)[0]), None),
+            "cold": (cold, None), "cold_gil": (cold, None), "cold_dma": (cold, None),
+            "cold_dma_paced": (cold, None),
             "after_d2h": (lambda i: self.adam(i, self.slots(i, 1, True)[0]), fresh_slots),
             "sum_cold": (lambda i: self.host_sum(i, ranks, False), None),
             "sum_after_d2h": (lambda i: self.host_sum(i, ranks, True), fresh_slots),
             "adam_after_sum": (lambda i: self.adam(i, self.acc), sum_first),
         }[condition]
-        load = (Load(gil_load(self.device)) if condition == "cold_gil"
-                else Load(self.dma_load(0.005 if condition == "cold_dma_paced" else 0.0))
-                if condition.startswith("cold_dma") else None)
-        try:
-            return team_chunks_ms(self.threads, self.chunks, timed, before)
-        finally:
-            if load is not None:
-                load.stop()
+        beside = {"cold_gil": lambda: gil_load(self.device), "cold_dma": lambda: self.dma_load(0.0),
+                  "cold_dma_paced": lambda: self.dma_load(0.005)}.get(condition)
+        load = None if beside is None else Load(beside())
+        ms = team_chunks_ms(self.threads, self.chunks, timed, before)
+        if load is not None:
+            load.stop()  # raises the load's error: the condition was then measured without it
+        return ms
 
 
 def main() -> int:
@@ -189,6 +189,8 @@ def main() -> int:
     ap.add_argument("--adam-only", action="store_true", help="no host sums")
     ap.add_argument("--repeats", type=int, default=2, help="times each condition runs, interleaved")
     a = ap.parse_args()
+    if a.repeats < 1:
+        ap.error(f"--repeats: 1 or more, got {a.repeats}")
     if any(r < 2 for r in a.sum_ranks):
         ap.error(f"--sum-ranks: 2 or more ranks, got {a.sum_ranks}")
     sizes = [int(c * MIB) // 4 for c in a.chunk_mib]

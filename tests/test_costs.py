@@ -196,15 +196,15 @@ def test_the_dma_weight_draws_the_copies_on_the_cpu_kernels_cap(tmp_path):
     plan = default_plan("pcie")
     g = build_graph(wl, plan, cores=16, iterations=1)
     hws = []
-    for teams_under in (None, 80.0):
+    for weight in (None, 1 / 3):
         extra = "dram_teams_gbps = [12, 12, 100.0]\ndram_dma_gbps = [12, 12, 1, 140.0]\n"
-        if teams_under is not None:
-            extra += f"dram_dma_teams_gbps = {teams_under}\n"
-        path = tmp_path / f"w{teams_under}.toml"
+        if weight is not None:
+            extra += f"dram_dma_weight = {weight}\n"
+        path = tmp_path / f"w{weight}.toml"
         path.write_text(text.replace("[host]\n", "[host]\n" + extra, 1))
         hws.append(load_hardware(str(path)))
-    assert hws[1].host.dma_weight() == pytest.approx(20 / 60)
-    for hw, w in zip(hws, (0.0, 20 / 60), strict=True):
+    assert hws[1].host.dram_dma_weight == pytest.approx(1 / 3)
+    for hw, w in zip(hws, (0.0, 1 / 3), strict=True):
         use = resource_use(g, hw, task_durations(g, hw, wl))
         for dma in (Kind.H2D, Kind.D2H):
             d = _draws(g, use, dma)

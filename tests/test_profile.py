@@ -37,7 +37,7 @@ from slidedp.profile.assemble import Assembler, unmeasured
 from slidedp.profile.compute import LayerTiming, build_layer, forward, one_layer_config, rope
 from slidedp.profile.fabric import LATENCY_BYTES, fabric_kind, gpu_link_matrix
 from slidedp.profile.machine import Machine, probe_machine
-from slidedp.profile.run import Profiler, Request, Results
+from slidedp.profile.run import Profiler, Request, Results, dma_weight_sample
 from slidedp.profile.sizes import MIB, Sizes
 from slidedp.profile.summary import rounds_line, summary
 from slidedp.profile.timing import Rounds, run_together
@@ -347,6 +347,14 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     assert res.dram_teams[2:] == (pytest.approx(100e9), pytest.approx(30e9))
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
     sources = doc["host"]["sources"]
+    res.dram_dma, res.dma_weight = (2, 2, 1, 150e9), 0.25  # as a GPU's teams_and_dma sets them
+    doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
+    sources = doc["host"]["sources"]
+    assert doc["host"]["dram_dma_weight"] == 0.25 and "the copies' traffic" in sources[
+        "dram_dma_weight"]
+    hw = parse_hardware(tomllib.loads(dumps(doc)), "rounds.toml")
+    assert hw.host.dram_dma_weight == 0.25
+    assert "a copied byte costing the teams 0.25 of one" in summary(req, res, hw, "rounds.toml")
     # the host's spread at the team size: the kept rounds all read 10, so no spread
     assert doc["host"]["rate_range"] == {"adam": [1.0, 1.0], "cast": [1.0, 1.0]}
     assert f"at the executor's team size ({team_cores(machine.cores)} threads)" in sources[
@@ -374,10 +382,13 @@ def test_memory_cap_with_dma_is_parsed(tmp_path):
     assert load_hardware("h200x1").host.memory_bps() is None
 
 
-def test_the_teams_part_beside_the_dma_gives_the_dma_weight(tmp_path):
-    """dram_dma_teams_gbps (the teams' own traffic beside the copies) loads only with the two
-    runs it compares, within (0, dram_dma_gbps); the DMA's weight on the CPU kernels' cap is the
-    teams' lost traffic over the copies' traffic, clamped to [0, 1], 0 where not measured."""
+def test_the_dma_weight_is_paired_clamped_and_loads_only_beside_its_run(tmp_path):
+    """A run's weight is the teams' traffic lost beside the copies over the copies' traffic,
+    within [0, 1]; host.dram_dma_weight loads only beside host.dram_dma_gbps, in [0, 1] (the
+    assembler's is checked in test_host_rates_are_sampled_in_rounds_over_the_thread_counts)."""
+    assert dma_weight_sample(100e9, 80e9, 140e9) == pytest.approx(20 / 60)
+    assert dma_weight_sample(100e9, 105e9, 160e9) == 0.0  # the teams gained: noise, no cost
+    assert dma_weight_sample(100e9, 10e9, 20e9) == 1.0 and dma_weight_sample(1, 2, 2) == 0.0
     base = (preset_dir() / "h200x1.toml").read_text()
 
     def host(extra: str):
@@ -385,18 +396,13 @@ def test_the_teams_part_beside_the_dma_gives_the_dma_weight(tmp_path):
         f.write_text(base.replace("[host]\n", "[host]\n" + extra, 1))
         return load_hardware(str(f)).host
 
-    both = "dram_teams_gbps = [12, 12, 110.0]\ndram_dma_gbps = [12, 12, 1, 150.0]\n"
-    h = host(both + "dram_dma_teams_gbps = 90.0\n")  # the teams lost 20 GB/s to 60 of copies
-    assert h.dram_dma_teams_bps == 90e9 and h.dma_weight() == pytest.approx(20 / 60)
-    assert host(both + "dram_dma_teams_gbps = 115.0\n").dma_weight() == 0.0  # none lost
-    assert host(both).dma_weight() == 0.0 and load_hardware("h200x1").host.dma_weight() == 0.0
-    for bad, why in (("dram_dma_teams_gbps = 150.0\n", "between 0 and dram_dma_gbps"),
-                     ("dram_dma_teams_gbps = 0\n", "host.dram_dma_teams_gbps")):
-        with pytest.raises(SpecError, match=why):
-            host(both + bad)
-    with pytest.raises(SpecError, match="host.dram_dma_teams_gbps.*same team sizes"):
-        host("dram_teams_gbps = [8, 12, 110.0]\ndram_dma_gbps = [12, 12, 1, 150.0]\n"
-             "dram_dma_teams_gbps = 90.0\n")
+    dma = "dram_dma_gbps = [12, 12, 1, 150.0]\n"
+    assert host(dma + "dram_dma_weight = 0.25\n").dram_dma_weight == 0.25
+    assert host(dma).dram_dma_weight == 0.0 and load_hardware("h200x1").host.dram_dma_weight == 0
+    with pytest.raises(SpecError, match=r"host\.dram_dma_weight.*in \[0, 1\]"):
+        host(dma + "dram_dma_weight = 1.5\n")
+    with pytest.raises(SpecError, match=r"host\.dram_dma_weight.*beside host\.dram_dma_gbps"):
+        host("dram_dma_weight = 0.25\n")
 
 
 def test_rate_range_loads_and_brackets_the_host_rates(tmp_path):

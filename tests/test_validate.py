@@ -162,22 +162,27 @@ def test_at_state_adam_scales_only_the_adam_curves_and_explains_a_slow_update():
 
 def test_state_check_times_one_adam_pass_over_the_whole_state():
     """state_adam_rate updates every parameter of the state once (the masters move), chunk by
-    chunk, and returns parameters per second."""
+    chunk, and returns parameters per second and the bytes of the gradient ring it read."""
     import torch
 
     from slidedp.exec.host_state import HostState
-    from slidedp.validate.hostcheck import STATE_CHUNK_ELEMS, state_adam_rate
+    from slidedp.validate.hostcheck import STATE_CHUNK_ELEMS, grad_ring_slots, state_adam_rate
 
     hs = HostState.create([STATE_CHUNK_ELEMS + 5, 7], None)
     try:
         hs.master.fill_(1.0)
-        rate = state_adam_rate(hs, 1, ring_bytes=0)  # the smallest ring: two slots
+        rate, ring = state_adam_rate(hs, 1, ring_bytes=0)  # the smallest ring: two slots
         assert rate > 0 and bool((hs.master != 1.0).all()) and bool((hs.exp_avg > 0).all())
-        assert torch.isfinite(hs.master).all()
-        # the ring: every chunk's gradient is a slot of it, so every parameter moves alike
-        assert torch.equal(hs.master, torch.full_like(hs.master, float(hs.master[0])))
+        assert torch.isfinite(hs.master).all() and ring == 2 * 4 * STATE_CHUNK_ELEMS
     finally:
         hs.close()
+    # the ring's slots: as many as the bytes hold, at least two, at most one per chunk
+    n = STATE_CHUNK_ELEMS
+    assert grad_ring_slots([3 * n + 1, 5], 0) == (2, n)  # 4 + 1 chunks, the floor of two
+    assert grad_ring_slots([3 * n + 1, 5], 3 * 4 * n) == (3, n)
+    assert grad_ring_slots([3 * n + 1, 5], 100 * 4 * n) == (5, n)  # one per chunk at most
+    assert grad_ring_slots([7, 5], 100 * 4 * n) == (2, 7)  # two small units: two small slots
+    assert grad_ring_slots([7], 100 * 4 * n) == (1, 7)
 
 
 def test_a_failed_host_check_never_stops_a_validation(monkeypatch):

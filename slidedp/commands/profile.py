@@ -107,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
 
 ROUNDS_UNITS = ("copy, teams, teams cast (the cast team's part of teams), teams with dma: "
                 "bytes/s; cast, cast chunk: elements/s; adam, adam bf16 grad: parameters/s; "
-                "where: threads (cast chunk: chunk BF16 bytes, threads; teams, teams cast: cast "
-                "threads, update threads; teams with dma: cast threads, update threads, GPUs)")
+                "dma weight: bytes of the teams' traffic lost per copied byte; where: threads "
+                "(cast chunk: chunk BF16 bytes, threads; teams, teams cast: cast threads, update "
+                "threads; teams with dma, dma weight: cast threads, update threads, GPUs)")
 
 
 def rounds_path(out: str) -> Path:

@@ -43,11 +43,12 @@ simulator shares them between concurrent tasks):
   gpu{r}.duplex (bytes, both directions), host.h2d, host.d2h, host.pcie (bytes, all GPUs:
   the host-side caps), host.dram (bytes; dram_bps: what the graph's largest CPU team reaches,
   HostSpec.team_dram_bps: the CPU kernels, and the DMA too unless host.mem exists; beside
-  host.mem, a DMA byte draws HostSpec.dma_weight of a byte of it, what the copies measurably cost
-  the CPU kernels), host.mem (bytes, only with a measured HostSpec.memory_bps, at least
-  host.dram's cap: all host-memory traffic, the DMA's and the CPU kernels'), host.cores (core-seconds), fabric (seconds;
-  on a `pcie` fabric collectives also load each GPU's PCIe links and, since peer traffic
-  crosses the root complex, the host-side all-GPU cap host.pcie).
+  host.mem, a DMA byte draws HostSpec.dram_dma_weight of a byte of it, what the copies
+  measurably cost the CPU kernels), host.mem (bytes, only with a measured
+  HostSpec.memory_bps, at least host.dram's cap: all host-memory traffic, the DMA's and the CPU
+  kernels'), host.cores (core-seconds), fabric (seconds; on a `pcie` fabric collectives also
+  load each GPU's PCIe links and, since peer traffic crosses the root complex, the host-side
+  all-GPU cap host.pcie).
 """
 
 from __future__ import annotations
@@ -236,7 +237,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         if memory_bps is not None:
             use("host.mem", a)
 
-    dma_weight = h.dma_weight() if memory_bps is not None else 0.0
+    dma_weight = h.dram_dma_weight if memory_bps is not None else 0.0
 
     def dma_bytes(a):  # a copy's host-memory traffic, and what it costs the CPU kernels' cap
         use(dma_dram, a)

@@ -371,14 +371,8 @@ class Assembler:
                 f"time, {rounds_rule(s.host_rounds)} of the rounds (the rest is the update team's; "
                 "HostSpec.cast_weight)")
         if res.dram_dma is not None:
-            ct, ut, gpus, bps, teams_bps = res.dram_dma
+            ct, ut, gpus, bps = res.dram_dma
             t["dram_dma_gbps"] = [ct, ut, gpus, g4(bps / GB)]
-            t["dram_dma_teams_gbps"] = g4(teams_bps / GB)
-            t["sources"]["dram_dma_teams_gbps"] = m.source(
-                "measured: the teams' own part of dram_dma_gbps (6 B x cast elements + 28 B x "
-                f"Adam parameters) / time, {rounds_rule(s.host_rounds)} of the runs (they differed "
-                f"by up to {res.host_rounds.spread('teams under dma'):.0%}): against "
-                "dram_teams_gbps, what the copies' DMA costs the CPU teams (HostSpec.dma_weight)")
             t["sources"]["dram_dma_gbps"] = m.source(
                 f"measured: the teams-at-once run (dram_teams_gbps: cast {ct} + update {ut} "
                 f"threads) with each of {gpus} GPU(s) copying {s.stream_copies} x "
@@ -387,6 +381,14 @@ class Assembler:
                 "teams' bytes + the copies' bytes) / time, all host-memory traffic of the "
                 f"executor's mix, {rounds_rule(s.host_rounds)} of the runs (they differed by up to "
                 f"{res.host_rounds.spread('teams with dma'):.0%})")
+        if res.dma_weight is not None:
+            t["dram_dma_weight"] = g4(res.dma_weight)
+            t["sources"]["dram_dma_weight"] = m.source(
+                "measured: in each run of dram_dma_gbps, on its buffers, the teams alone and then "
+                "beside the copies: (the teams' traffic alone - theirs beside the copies) / the "
+                "copies' traffic, within [0, 1], the mean of the runs' (without the largest and "
+                "the smallest from 5 runs on): what a copied byte costs the CPU kernels' DRAM "
+                "(HostSpec.dram_dma_weight)")
         if res.agent_gaps is not None and res.agent_gaps[2].gap_s:
             name, seq, gaps = res.agent_gaps
             t["agent_gap_us"] = {k: g4(v * 1e6) for k, v in gaps.gap_s.items()}

@@ -18,7 +18,9 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          and the cast's own part of it (how the two share it, HostSpec.cast_weight)
   teams + DMA   the same with every GPU copying both ways at once beside them (PCIe: pinned
          buffers, pcie.PcieBench.dma_loads): (the teams' bytes + the copies' bytes) / time, all the
-         host-memory traffic of the executor's mix (HostSpec.memory_bps)
+         host-memory traffic of the executor's mix (HostSpec.memory_bps); and against the teams
+         alone on the same buffers just before, what a copied byte costs the teams
+         (run.dma_weight_sample, HostSpec.dram_dma_weight)
 The cast is also measured by chunk size (CastChunkBench), as the executor runs the CAST task:
   cast chunk   staging[i % slots][:n].copy_(src[k n : (k + 1) n]) for a chunk of n elements
          (n = the chunk's BF16 bytes / 2, the PCIe chunk sizes of sizes.py), the source slice

@@ -47,6 +47,14 @@ class Request:
     fabric_kind: str | None  # from the topology; None: not measured
 
 
+def dma_weight_sample(alone_bps: float, teams_bps: float, total_bps: float) -> float:
+    """What a copied byte costs the CPU teams, from one allocation: the teams' traffic alone
+    minus theirs beside the copies, over the copies' traffic (the total minus the teams'), within
+    [0, 1] (HostSpec.dram_dma_weight)."""
+    copies = total_bps - teams_bps
+    return min(1.0, max(0.0, (alone_bps - teams_bps) / copies)) if copies > 0 else 0.0
+
+
 @dataclass
 class Results:
     host_bytes: int = 0
@@ -59,14 +67,16 @@ class Results:
     # round, each round on fresh buffers (timing.Rounds): keys (kernel, threads) with kernel in
     # HOST_KERNELS, ("cast chunk", chunk bytes, threads), ("teams", cast threads, update
     # threads) and ("teams cast", ...) its cast team's part, ("teams with dma", cast threads,
-    # update threads, GPUs)
+    # update threads, GPUs) and ("dma weight", ...) each of its runs' dma_weight_sample
     host_rounds: Rounds = field(default_factory=Rounds)
     # the cast and update teams at once, over the rounds: (cast threads, update threads, DRAM
     # bytes/s, the cast team's bytes/s)
     dram_teams: tuple[int, int, float, float] | None = None
     # the same with every GPU's duplex copies, over its runs: (cast threads, update threads,
     # GPUs, bytes/s)
-    dram_dma: tuple[int, int, int, float, float] | None = None  # ..., all, the teams' part
+    dram_dma: tuple[int, int, int, float] | None = None
+    # what a copied byte costs the teams, over those runs (dma_weight_sample); None: not measured
+    dma_weight: float | None = None
     # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
     cast_chunk_elems_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
     cast_chunk_src_bytes: int = 0
@@ -247,14 +257,17 @@ class Profiler:
         team = team_cores(self.m.cores)
 
         def teams_and_dma():
-            keys = (("teams with dma", team, team, gpus), ("teams under dma", team, team, gpus))
+            key, weight = ("teams with dma", team, team, gpus), ("dma weight", team, team, gpus)
             for _ in range(s.host_rounds):
                 self._alloc_host()  # fresh buffers each run, as the rounds (timing.Rounds)
+                alone = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND)[2]  # paired: the
+                # same buffers, so that their placement cancels out of the weight
                 total, _, teams = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND,
                                                        self._pcie.dma_loads())
-                r.host_rounds.add(keys[0], total)
-                r.host_rounds.add(keys[1], teams)
-            r.dram_dma = (team, team, gpus, *(r.host_rounds.rate(k) for k in keys))
+                r.host_rounds.add(key, total)
+                r.host_rounds.add(weight, dma_weight_sample(alone, teams, total))
+            r.dram_dma = (team, team, gpus, r.host_rounds.rate(key))
+            r.dma_weight = r.host_rounds.mean(weight)
 
         steps = [Step("pin host buffers", alloc)]
         steps += [Step(f"PCIe GPU {g} alone and duplex", lambda g=g: alone(g)) for g in range(gpus)]

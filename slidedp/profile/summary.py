@@ -58,8 +58,9 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
                 f" (the cast {cast_bps / GB:.1f}; its weight beside Adam "
                 f"{spec.host.cast_weight():.2f})")
         if res.dram_dma is not None:
-            line += (f"; with {res.dram_dma[2]} GPU(s) copying both ways {res.dram_dma[3] / GB:.1f}"
-                     f" GB/s, the teams' part {res.dram_dma[4] / GB:.1f}")
+            line += f"; with {res.dram_dma[2]} GPU(s) copying both ways {res.dram_dma[3] / GB:.1f} GB/s"
+            if res.dma_weight is not None:
+                line += f", a copied byte costing the teams {res.dma_weight:.2f} of one"
         parts.append(line)
     if res.cast_chunk_elems_per_s:
         chunks = sorted({c for c, _ in res.cast_chunk_elems_per_s})

@@ -97,6 +97,11 @@ class Rounds:
     def rate(self, key: tuple) -> float:
         return statistics.harmonic_mean(self.kept(key))
 
+    def mean(self, key: tuple) -> float:
+        """The arithmetic mean of the kept rounds: for a figure that is not a rate (a weight
+        that may be 0, where a harmonic mean is undefined)."""
+        return statistics.fmean(self.kept(key))
+
     def range(self, key: tuple) -> tuple[float, float]:
         """(slowest, fastest) of the kept rounds over the rate: factors around 1, how far one
         allocation of the buffers read from the average (HostSpec.rate_range)."""

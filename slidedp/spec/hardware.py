@@ -23,9 +23,9 @@ Schema (units in names):
               that traffic (the rest is the update team's; HostSpec.cast_weight)
               dram_dma_gbps = [cast threads, update threads, GPUs, GB/s]  (optional) the same with
               every GPU copying both ways beside them: all host-memory traffic (HostSpec.memory_bps)
-              dram_dma_teams_gbps  (optional, with dram_dma_gbps and dram_teams_gbps at the same
-              team sizes) the teams' own part of that run: what the DMA costs the CPU kernels
-              (HostSpec.dma_weight)
+              dram_dma_weight  (optional, with dram_dma_gbps) in [0, 1]: the teams' traffic a
+              copied byte costs in that run, against the teams alone on the same buffers
+              (HostSpec.dram_dma_weight)
               cast_chunk_gelem_per_s = [[chunk_mib, threads, rate], ...]  (optional) the cast by
               chunk size: chunk_mib is the chunk's BF16 size (what H2D moves, as pcie.chunk_gbps;
               elements = chunk_mib MiB / 2 B); rows by chunk_mib, threads strictly increasing
@@ -192,8 +192,14 @@ class HostSpec:
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
     dram_dma: tuple[float, float, float, float] | None = None
-    # the teams' own bytes/s in that run; None: not measured (profiles before 2026-12-01 21:10)
-    dram_dma_teams_bps: float | None = None
+    # the bytes of the CPU kernels' DRAM cap one byte of the GPUs' DMA takes (graph/costs.py):
+    # measured beside dram_dma, the teams' traffic lost per copied byte against the teams alone
+    # on the same buffers; 0 where not measured (profiles before 2026-12-01 21:00, presets: the
+    # DMA draws only on memory_bps). On nvidia-h200-x4 the teams kept their traffic beside four
+    # GPUs' copies (memory_bps); on one nvidia-h200 (2026-12-01 20:27,
+    # benchmarks/adam_after_d2h_probe.py) a D2H stream beside the update took its 64 MiB chunks
+    # from 7.6 to 10.9 ms, a 5 ms pause after each copy to 8.5 ms
+    dram_dma_weight: float = 0.0
     # Adam on a BF16 gradient widened in cache (plan.grad_widen = host), against threads; None:
     # not measured (profiles before 2026-12-01, presets): the FP32 gradient's curve stands in
     adam_bf16_grad_params_per_s: RateCurve | None = None
@@ -207,7 +213,8 @@ class HostSpec:
 
     def with_rates(self, adam: float = 1.0, cast: float = 1.0) -> HostSpec:
         """This host with its AdamW curves (FP32 and BF16 gradient) times `adam` and its cast
-        curves (by threads and by chunk) times `cast`; everything else as measured."""
+        curves (by threads and by chunk) times `cast`; every other figure as measured (what is
+        derived from the rates follows them: cast_weight, team_dram_bps without dram_teams)."""
         bf16 = self.adam_bf16_grad_params_per_s
         return replace(self, adam_params_per_s=self.adam_params_per_s.scaled(adam),
                        adam_bf16_grad_params_per_s=None if bf16 is None else bf16.scaled(adam),
@@ -276,21 +283,6 @@ class HostSpec:
         GB/s of their own while four GPUs downloaded 131 GB of gradients beside them: more
         host-memory traffic than the 163 GB/s the teams reached alone."""
         return None if self.dram_dma is None else self.dram_dma[3]
-
-    def dma_weight(self) -> float:
-        """DRAM bytes of the CPU kernels' cap (host.dram) one byte of the GPUs' DMA takes: the
-        teams' traffic lost beside the copies over the copies' traffic, (dram_teams -
-        dram_dma_teams) / (dram_dma - dram_dma_teams), within [0, 1]; 0 where not measured (the
-        DMA then draws only on memory_bps). On nvidia-h200-x4 the teams kept their traffic
-        beside four GPUs' copies (memory_bps above); on one nvidia-h200 (2026-12-01 20:27,
-        benchmarks/adam_after_d2h_probe.py) a D2H stream beside the update took its 64 MiB
-        chunks from 7.4 to 10-12 ms, a 5 ms pause after each copy to 7.7-8.7 ms."""
-        if self.dram_dma_teams_bps is None or self.dram_dma is None or self.dram_teams is None:
-            return 0.0
-        dma_bps = self.dram_dma[3] - self.dram_dma_teams_bps
-        if dma_bps <= 0:
-            return 0.0
-        return min(1.0, max(0.0, (self.dram_teams[2] - self.dram_dma_teams_bps) / dma_bps))
 
 
 @dataclass(frozen=True)
@@ -412,7 +404,7 @@ def _host(t: Table) -> HostSpec:
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
     src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
                                           "dram_teams_cast_gbps", "dram_dma_gbps",
-                                          "dram_dma_teams_gbps",
+                                          "dram_dma_weight",
                                           "adam_bf16_grad_gparam_per_s", "agent_gap_us",
                                           "rate_range")
                           if t.has(k)])
@@ -437,17 +429,15 @@ def _host(t: Table) -> HostSpec:
                                                    "host.dram_dma_gbps",
                                                    "[cast threads, update threads, GPUs, GB/s]", 4)
         dma = (cast_t, update_t, gpus, gbps * GB)
-    dma_teams = None
-    if t.has("dram_dma_teams_gbps"):
-        if dma is None or teams is None or teams[:2] != dma[:2]:
-            raise SpecError(t.where, "host.dram_dma_teams_gbps",
-                            "only beside host.dram_dma_gbps and host.dram_teams_gbps of the same "
-                            "team sizes (the runs it compares)")
-        dma_teams = t.num("dram_dma_teams_gbps") * GB
-        if not 0 < dma_teams < dma[3]:
-            raise SpecError(t.where, "host.dram_dma_teams_gbps",
-                            f"between 0 and dram_dma_gbps ({dma[3] / GB:g}), exclusive, "
-                            f"got {dma_teams / GB:g}")
+    dma_weight = 0.0
+    if t.has("dram_dma_weight"):
+        if dma is None:
+            raise SpecError(t.where, "host.dram_dma_weight",
+                            "only beside host.dram_dma_gbps (the run it was measured in)")
+        dma_weight = t.num("dram_dma_weight")
+        if not 0 <= dma_weight <= 1:
+            raise SpecError(t.where, "host.dram_dma_weight",
+                            f"a number in [0, 1], got {dma_weight!r}")
     cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
                                 "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
     adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
@@ -460,7 +450,7 @@ def _host(t: Table) -> HostSpec:
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
                               src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast, dma,
-                 dma_teams, adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where),
+                 dma_weight, adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where),
                  _rate_range(t.raw("rate_range", {}), t.where))
     t.done()
     return h

@@ -76,22 +76,32 @@ def grad_ring_bytes() -> int:
     return max(GRAD_RING_LLCS * llc_bytes(), GRAD_RING_MIN_BYTES)
 
 
-def state_adam_rate(hs, threads: int, ring_bytes: int) -> float:
-    """Parameters/s of one AdamW pass (exec.adamw.adamw_chunk, FP32 gradient) over every unit of
-    the host state `hs` (exec.host_state.HostState) at `threads` threads, in chunks of
-    STATE_CHUNK_ELEMS, each chunk's gradient the next slot of a ring of `ring_bytes`
-    (grad_ring_bytes; two slots or more, never more than the state has chunks), so that every
-    gradient is read from DRAM as the
-    executor's are (module docstring): the executor's update in isolation on the memory it ran
-    on. It changes the state: run it on a finished run's."""
+def grad_ring_slots(unit_numels, ring_bytes: int) -> tuple[int, int]:
+    """(slots, elements per slot) of the state check's gradient ring for a state of units of
+    `unit_numels`: one slot per STATE_CHUNK_ELEMS chunk (or the largest unit, if smaller), as
+    many as `ring_bytes` hold, at least two, never more than the state has chunks."""
+    chunk = min(STATE_CHUNK_ELEMS, max(unit_numels))
+    chunks = sum(-(-n // STATE_CHUNK_ELEMS) for n in unit_numels)
+    return min(chunks, max(2, ring_bytes // (4 * chunk))), chunk
+
+
+def state_adam_rate(hs, threads: int, ring_bytes: int) -> tuple[float, int]:
+    """(parameters/s, the gradient ring's bytes) of one AdamW pass (exec.adamw.adamw_chunk,
+    FP32 gradient) over every unit of the host state `hs` (exec.host_state.HostState) at
+    `threads` threads, in chunks of STATE_CHUNK_ELEMS, each chunk's gradient the next slot of a
+    ring (grad_ring_slots) of `ring_bytes` (grad_ring_bytes), at most a quarter of the free RAM,
+    so that every gradient is read from DRAM as the executor's are (module docstring): the
+    executor's update in isolation on the memory it ran on. It changes the state: run it on a
+    finished run's."""
+    import os
+
     import torch
 
     from slidedp.exec.adamw import AdamWConfig, adamw_chunk
     from slidedp.profile.host import torch_threads
 
-    chunk = min(STATE_CHUNK_ELEMS, max(hs.unit_numels))
-    chunks = sum(-(-n // STATE_CHUNK_ELEMS) for n in hs.unit_numels)  # no more slots than these
-    slots = min(chunks, max(2, ring_bytes // (4 * chunk)))
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    slots, chunk = grad_ring_slots(hs.unit_numels, min(ring_bytes, free // 4))
     ring = torch.full((slots, chunk), 1e-3)
     cfg, params, k = AdamWConfig(), 0, 0
     with torch_threads(threads):
@@ -103,7 +113,7 @@ def state_adam_rate(hs, threads: int, ring_bytes: int) -> float:
                 adamw_chunk(p[lo:hi], ring[k % slots][:hi - lo], m[lo:hi], v[lo:hi], 1, cfg,
                             cfg.lr)
                 params, k = params + hi - lo, k + 1
-        return params / (time.perf_counter() - t0)
+        return params / (time.perf_counter() - t0), ring.numel() * 4
 
 
 def against_profile(check: dict, hw: HardwareSpec) -> dict[str, float]:

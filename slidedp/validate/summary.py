@@ -41,12 +41,13 @@ def case_row(folder: Path) -> dict:
         s = pred.get(m, {}).get("step_time_s")
         row[f"{m}_s"] = s
         row[f"{m}_error"] = None if s is None else (s - meas["step_time_s"]) / meas["step_time_s"]
-    lo_hi = pred.get("simulated", {}).get("step_time_range_s")  # the host's spread
-    row["simulated_range_s"] = None if lo_hi is None else f"{lo_hi[0]:.3f}-{lo_hi[1]:.3f}"
-    row["measured_in_range"] = None if lo_hi is None else lo_hi[0] <= meas["step_time_s"] <= lo_hi[1]
+    lo, hi = pred.get("simulated", {}).get("step_time_range_s") or (None, None)  # host spread
+    row["simulated_fast_s"], row["simulated_slow_s"] = lo, hi
+    row["measured_in_range"] = None if lo is None else lo <= meas["step_time_s"] <= hi
     at = pred.get("simulated_at_state_adam", {}).get("step_time_s")  # the explanation
     row[f"{AT_STATE}_s"] = at
-    row[f"{AT_STATE}_error"] = None if at is None else (at - meas["step_time_s"]) / meas["step_time_s"]
+    row[f"{AT_STATE}_error"] = (None if at is None
+                                else (at - meas["step_time_s"]) / meas["step_time_s"])
     for k in KERNELS:  # the host check's rates over the profile's, mean over the runs
         ratios = [x for x in pred.get("host_check_vs_profile", {}).get(k) or () if x is not None]
         row[f"host_check_{k}"] = sum(ratios) / len(ratios) if ratios else None
@@ -147,13 +148,13 @@ def markdown(root: Path, rows: list[dict]) -> str:
             "hardware file's rates (validate/hostcheck.py; cases measured since 2026-12-01 "
             "19:00): below 1, the machine or the state read slower than profiled. Simulated at "
             "the state's AdamW: the simulation with the profile's AdamW scaled by the state "
-            "check's ratio (cases measured since 2026-12-01 20:30, whose state check reads its "
+            "check's ratio (cases measured since 2026-12-01 20:10, whose state check reads its "
             "gradients cold), an explanation, not a prediction.", "",
             "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | "
             "analytic s | simulated s | bound (sim): by (busiest host resource) | busy s "
             "measured / simulated: upload, compute, download, update | host check / profile: "
             + ", ".join(KERNELS) + " | simulated at the state's AdamW s | simulated s at the "
-            "host's slowest-fastest rounds |",
+            "host's fastest-slowest rounds |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         busy = ", ".join(f"{r[f'measured_{c}_s']:.2f}/" + ("-" if r[f"simulated_{c}_s"] is None
@@ -165,12 +166,15 @@ def markdown(root: Path, rows: list[dict]) -> str:
         spread = "" if runs is None else f" ({_pct(runs)})"
         checked = ", ".join("-" if r[f"host_check_{k}"] is None else f"{r[f'host_check_{k}']:.2f}"
                             for k in KERNELS) if r["host_check_adam"] is not None else ""
+        host_range = ("" if r["simulated_fast_s"] is None
+                      else f"{r['simulated_fast_s']:.3f}-{r['simulated_slow_s']:.3f}")
         at_state = "" if r[f"{AT_STATE}_s"] is None else \
             f"{r[f'{AT_STATE}_s']:.3f} ({_pct(r[f'{AT_STATE}_error'], True)})"
         out.append(f"| {r['case']} | {r['gpus']} | {r['global_batch']}:{r['micro_batch']} | "
                    f"{r['param_route']}/{r['grad_route']}/{r['update_sharding']} | "
                    f"{r['measured_s']:.3f}{spread} | {an} | {si} | {r['simulated_bound_by']} "
-                   f"({r['simulated_host_resource']}) | {busy} | {checked} | {at_state} | {r['simulated_range_s'] or ''} |")
+                   f"({r['simulated_host_resource']}) | {busy} | {checked} | {at_state} | "
+                   f"{host_range} |")
     notes = _notes(root, store.stored_cases(root))
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
