@@ -18,10 +18,9 @@ import json
 import statistics
 import time
 
-from slidedp.profile.host import HostBench
+from slidedp.profile.host import quick_bench
 from slidedp.profile.machine import probe_machine
 from slidedp.profile.run import TEAMS_S_PER_ROUND
-from slidedp.profile.sizes import QUICK
 from slidedp.spec.plan import team_cores
 
 
@@ -49,8 +48,7 @@ def main() -> int:
     args = ap.parse_args()
     m = probe_machine()
     team = team_cores(m.cores)
-    bench = HostBench(QUICK.host_bytes(m.llc_bytes, m.ram_bytes), QUICK.warmup, 1,
-                      QUICK.host_sample_s)
+    bench = quick_bench()
     bench.adam_params_per_s(team)  # warm each kernel once at the team size
     bench.cast_elems_per_s(team)
     bench.warmup = 0

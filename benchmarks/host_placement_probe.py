@@ -27,7 +27,7 @@ import statistics
 import torch
 
 from slidedp.exec.host_state import private_shared
-from slidedp.profile.host import HostBench
+from slidedp.profile.host import quick_bench
 from slidedp.profile.machine import probe_machine
 from slidedp.profile.run import TEAMS_S_PER_ROUND
 from slidedp.profile.sizes import QUICK
@@ -59,7 +59,7 @@ def main() -> int:
     for kind, nbytes in ((k, n) for n in sizes for k in args.memory):
         sets = []
         for _ in range(args.sets):
-            bench = HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s, MEMORY[kind])
+            bench = quick_bench(nbytes, MEMORY[kind])
             bench.adam_params_per_s(team)  # warm: the first pass also faults pages in
             bench.cast_elems_per_s(team)
             bench.warmup = 0

@@ -156,6 +156,21 @@ class HostBench:
         return sum(moved) / span_s, moved[0] / span_s, (moved[0] + moved[1]) / span_s
 
 
+def quick_bench(nbytes: int | None = None,
+                state_memory: Callable[[int, torch.dtype], torch.Tensor] = private_shared
+                ) -> HostBench:
+    """A HostBench as the quick profile samples the host (sizes.QUICK: its buffer size on this
+    machine unless `nbytes`, its warm-up and minimum sample time, one sample per call): for the
+    checks and probes that set their readings against a quick profile's."""
+    from slidedp.profile.machine import probe_machine
+    from slidedp.profile.sizes import QUICK
+
+    if nbytes is None:
+        m = probe_machine()
+        nbytes = QUICK.host_bytes(m.llc_bytes, m.ram_bytes)
+    return HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s, state_memory)
+
+
 MAX_CHUNK_REPEATS = 64
 
 

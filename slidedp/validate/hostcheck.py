@@ -41,7 +41,7 @@ def host_check() -> dict:
     """The check's rates on this machine (module docstring): {"threads", "adam_gparam_per_s",
     "cast_gelem_per_s", "teams_gbps", "seconds", "what"}."""
     # the profile's benches load torch: here, not where a prediction reads a stored check
-    from slidedp.profile.host import HostBench
+    from slidedp.profile.host import quick_bench
     from slidedp.profile.machine import probe_machine
     from slidedp.profile.run import TEAMS_S_PER_ROUND
     from slidedp.profile.sizes import QUICK
@@ -51,8 +51,8 @@ def host_check() -> dict:
     t0 = time.perf_counter()
     m = probe_machine()
     team = team_cores(m.cores)
-    nbytes = QUICK.host_bytes(m.llc_bytes, m.ram_bytes)
-    bench = HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s)
+    bench = quick_bench()
+    nbytes = bench.nbytes
     rounds = Rounds()
     for _ in range(CHECK_SAMPLES):
         rounds.add(("adam",), bench.adam_params_per_s(team))
