@@ -30,7 +30,7 @@ from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes, gpu_link_matrix, nv
 from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_ELEM
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
-from slidedp.profile.run import TEAMS_S_PER_ROUND, Request, Results
+from slidedp.profile.run import CAST_CHUNK, TEAMS_S_PER_ROUND, Request, Results
 from slidedp.profile.timing import Rounds, rounds_rule
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, GB, GIB, RANGE_KERNELS, HardwareSpec
@@ -414,7 +414,7 @@ class Assembler:
                     + ("pinned with cudaHostRegister, as the executor's staging ring"
                        if res.cast_chunk_pinned else "not pinned (no CUDA)"))
             reps = ", ".join(f"{c // MIB} MiB {res.cast_chunk_repeats[c]}" for c in chunks)
-            spread = res.host_rounds.spread("cast chunk")
+            spread = res.host_rounds.spread(CAST_CHUNK)
             t["sources"]["cast_chunk_gelem_per_s"] = m.source(
                 "measured: torch copy_ FP32 -> BF16 of one chunk (chunk_mib = its BF16 size, "
                 "chunk_mib MiB / 2 B elements; the PCIe chunk sizes) from a slice rotating "

@@ -31,6 +31,7 @@ from slidedp.spec.plan import Plan, team_cores
 SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the longest under load
 MAX_SUSTAINED_ITERS = 5000
 HOST_KERNELS = ("copy", "cast", "adam", "adam bf16 grad")  # Results.host_rounds' kernel names
+CAST_CHUNK = "cast chunk"  # ... the cast by chunk size's
 TEAMS = ("teams", "teams with dma")  # ... the teams-at-once runs' totals ("teams cast": its part)
 TEAMS_S_PER_ROUND = 0.25  # one round's teams-at-once run: 1.75 s over the quick profile's 7
 
@@ -215,12 +216,12 @@ class Profiler:
         def sample(n: int, k: int):
             self._cast.warmup = s.warmup if k == 0 else 0  # as the host rounds' (above)
             for c in chunks:
-                r.host_rounds.add(("cast chunk", c, n), self._cast.elems_per_s(c // BF16, n))
+                r.host_rounds.add((CAST_CHUNK, c, n), self._cast.elems_per_s(c // BF16, n))
 
         def rates():
             for n in r.threads:
                 for c in chunks:
-                    r.cast_chunk_elems_per_s[(c, n)] = r.host_rounds.rate(("cast chunk", c, n))
+                    r.cast_chunk_elems_per_s[(c, n)] = r.host_rounds.rate((CAST_CHUNK, c, n))
 
         rounds, steps = s.host_rounds, []
         for k in range(rounds):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from slidedp.profile.agents import LAYERS
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes
-from slidedp.profile.run import HOST_KERNELS, TEAMS, Request, Results
+from slidedp.profile.run import CAST_CHUNK, HOST_KERNELS, TEAMS, Request, Results
 from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
 
 GB = 1e9
@@ -27,7 +27,7 @@ def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
 def rounds_line(req: Request, res: Results) -> str:
     """How far the host rates' rounds differed, per kernel; a warning above UNSTEADY."""
     sampled = res.host_rounds.kernels()
-    spread = {k: res.host_rounds.spread(k) for k in (*HOST_KERNELS, "cast chunk", *TEAMS)
+    spread = {k: res.host_rounds.spread(k) for k in (*HOST_KERNELS, CAST_CHUNK, *TEAMS)
               if k in sampled}
     line = (f"host rates: {req.sizes.host_rounds} rounds, each on fresh buffers; the rounds "
             "differed by up to " + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
