@@ -122,9 +122,8 @@ class HostBench:
         in a thread of its own: every GPU's copies, PcieBench.dma_loads): one warm-up call each,
         then all loop from a common start for `seconds`. Returns (the bytes all moved, the bytes
         the cast team moved, the bytes both teams moved), each over the time from the first start
-        to the last end. A load
-        that raises stops the others at the start barrier (or lets them finish) and the run
-        raises RuntimeError from its error."""
+        to the last end. A load that raises stops the others at the start barrier (or lets them
+        finish) and the run raises RuntimeError from its error."""
         if self.cast_src is None:  # the cast's own master: Adam writes `src`
             self.cast_src = self.state_memory(self.elems, torch.float32).fill_(0.25)
         cast_src = self.cast_src

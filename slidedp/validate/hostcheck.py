@@ -133,6 +133,6 @@ def against_profile(check: dict, hw: HardwareSpec) -> dict[str, float]:
 
 def at_state_adam(hw: HardwareSpec, ratio: float) -> HardwareSpec:
     """`hw` with its AdamW curves (FP32 and BF16 gradient) scaled by `ratio`, the state check's
-    AdamW over the file's (module docstring); everything else as measured."""
+    AdamW over the file's (module docstring); the rest as HostSpec.with_rates leaves it."""
     return replace(hw, name=f"{hw.name} at the state's AdamW x{ratio:.3f}",
                    host=hw.host.with_rates(adam=ratio))
