@@ -48,7 +48,7 @@ def main() -> int:
     args = ap.parse_args()
     m = probe_machine()
     team = team_cores(m.cores)
-    bench = quick_bench()
+    bench = quick_bench(m)
     bench.adam_params_per_s(team)  # warm each kernel once at the team size
     bench.cast_elems_per_s(team)
     bench.warmup = 0

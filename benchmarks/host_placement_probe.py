@@ -59,7 +59,7 @@ def main() -> int:
     for kind, nbytes in ((k, n) for n in sizes for k in args.memory):
         sets = []
         for _ in range(args.sets):
-            bench = quick_bench(nbytes, MEMORY[kind])
+            bench = quick_bench(m, nbytes, MEMORY[kind])
             bench.adam_params_per_s(team)  # warm: the first pass also faults pages in
             bench.cast_elems_per_s(team)
             bench.warmup = 0

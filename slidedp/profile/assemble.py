@@ -387,8 +387,8 @@ class Assembler:
                 "measured: in each run of dram_dma_gbps, on its buffers, the teams alone and then "
                 "beside the copies: (the teams' traffic alone - theirs beside the copies) / the "
                 "copies' traffic, within [0, 1], the mean of the runs' (without the largest and "
-                "the smallest from 5 runs on): what a copied byte costs the CPU kernels' DRAM "
-                "(HostSpec.dram_dma_weight)")
+                f"the smallest from {Rounds.TRIM_FROM} runs on): what a copied byte costs the CPU "
+                "kernels' DRAM (HostSpec.dram_dma_weight)")
         if res.agent_gaps is not None and res.agent_gaps[2].gap_s:
             name, seq, gaps = res.agent_gaps
             t["agent_gap_us"] = {k: g4(v * 1e6) for k, v in gaps.gap_s.items()}

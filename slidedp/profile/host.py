@@ -54,6 +54,7 @@ import torch
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.engine import own_omp_team
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister, private_shared
+from slidedp.profile.machine import Machine
 from slidedp.profile.timing import run_together, wall_median_s
 from slidedp.spec.model import FP32
 
@@ -155,17 +156,15 @@ class HostBench:
         return sum(moved) / span_s, moved[0] / span_s, (moved[0] + moved[1]) / span_s
 
 
-def quick_bench(nbytes: int | None = None,
+def quick_bench(m: Machine, nbytes: int | None = None,
                 state_memory: Callable[[int, torch.dtype], torch.Tensor] = private_shared
                 ) -> HostBench:
-    """A HostBench as the quick profile samples the host (sizes.QUICK: its buffer size on this
-    machine unless `nbytes`, its warm-up and minimum sample time, one sample per call): for the
-    checks and probes that set their readings against a quick profile's."""
-    from slidedp.profile.machine import probe_machine
+    """A HostBench as the quick profile samples the host of machine `m` (sizes.QUICK: its buffer
+    size there unless `nbytes`, its warm-up and minimum sample time, one sample per call): for
+    the checks and probes that set their readings against a quick profile's."""
     from slidedp.profile.sizes import QUICK
 
     if nbytes is None:
-        m = probe_machine()
         nbytes = QUICK.host_bytes(m.llc_bytes, m.ram_bytes)
     return HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s, state_memory)
 

@@ -51,7 +51,7 @@ def host_check() -> dict:
     t0 = time.perf_counter()
     m = probe_machine()
     team = team_cores(m.cores)
-    bench = quick_bench()
+    bench = quick_bench(m)
     nbytes = bench.nbytes
     rounds = Rounds()
     for _ in range(CHECK_SAMPLES):
@@ -68,12 +68,10 @@ def host_check() -> dict:
                     f"{TEAMS_S_PER_ROUND:g} s"}
 
 
-def grad_ring_bytes() -> int:
-    """The state check's gradient ring on this machine: GRAD_RING_LLCS LLCs, at least
-    GRAD_RING_MIN_BYTES."""
-    from slidedp.profile.machine import llc_bytes
-
-    return max(GRAD_RING_LLCS * llc_bytes(), GRAD_RING_MIN_BYTES)
+def grad_ring_bytes(llc_bytes: int) -> int:
+    """The state check's gradient ring on a machine of `llc_bytes` of last-level cache:
+    GRAD_RING_LLCS LLCs, at least GRAD_RING_MIN_BYTES."""
+    return max(GRAD_RING_LLCS * llc_bytes, GRAD_RING_MIN_BYTES)
 
 
 def grad_ring_slots(unit_numels, ring_bytes: int) -> tuple[int, int]:

@@ -71,7 +71,8 @@ def run_group(cases: list[Case], root: Path, meta: dict, session: DistSession | 
                 written.append(root / case.name / store.MEASURED)
                 print(f"measured {case.name}: {m.step_time_s:.3f} s", flush=True)
         if session is None and written:  # one process: the state check (validate/hostcheck.py)
-            rate, ring = state_adam_rate(hs, team_cores(probe_machine().cores), grad_ring_bytes())
+            m = probe_machine()
+            rate, ring = state_adam_rate(hs, team_cores(m.cores), grad_ring_bytes(m.llc_bytes))
             state = {"state_adam_gparam_per_s": rate / 1e9, "state_adam_ring_mib": ring / 2**20}
             for f in written:
                 store.write_json(f, store.read_json(f) | state)
