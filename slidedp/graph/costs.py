@@ -44,7 +44,9 @@ simulator shares them between concurrent tasks):
   the host-side caps), host.dram (bytes; dram_bps: what the graph's largest CPU team reaches,
   HostSpec.team_dram_bps: the CPU kernels, and the DMA too unless host.mem exists; beside
   host.mem, a DMA byte draws HostSpec.dram_dma_weight of a byte of it, what the copies
-  measurably cost the CPU kernels), host.mem (bytes, only with a measured
+  measurably cost the CPU kernels; the simulator then caps it, at each moment, at what the
+  running CPU kernels would draw alone, so a copy slows a lone update far below dram_bps, as
+  measured: ResourceUse.demand_capped), host.mem (bytes, only with a measured
   HostSpec.memory_bps, at least host.dram's cap: all host-memory traffic, the DMA's and the CPU
   kernels'), host.cores (core-seconds), fabric (seconds; on a `pcie` fabric collectives also
   load each GPU's PCIe links and, since peer traffic crosses the root complex, the host-side
@@ -73,6 +75,9 @@ class ResourceUse:
     ptr: np.ndarray
     res: np.ndarray
     amount: np.ndarray
+    # resources whose capacity at a moment is at most what the running CPU tasks on it would
+    # draw at their speed ceilings (the simulator's FluidShare; the analytic bound uses capacity)
+    demand_capped: tuple[int, ...] = ()
 
     def index(self, name: str) -> int:
         return self.names.index(name)
@@ -280,4 +285,5 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
                 use("host.pcie", R * per_gpu)
         ptr.append(len(res))
     return ResourceUse(names, np.array([cap[n] for n in names]), np.asarray(ptr, np.int64),
-                       np.asarray(res, np.int64), np.asarray(amt, np.float64))
+                       np.asarray(res, np.int64), np.asarray(amt, np.float64),
+                       (idx["host.dram"],) if dma_weight > 0 else ())

@@ -88,10 +88,13 @@ class FluidShare:
     per agent).
     """
 
-    def __init__(self, env: simpy.Environment, capacity: list[float], pools: dict[int, float]):
+    def __init__(self, env: simpy.Environment, capacity: list[float], pools: dict[int, float],
+                 demand_capped: tuple[int, ...] = ()):
         self.env, self.capacity, self.pools = env, capacity, pools
+        self.demand_capped = frozenset(demand_capped)
         self.flows: list[Flow] = []
         self.load = [0.0] * len(capacity)
+        self.cpu_demand = [0.0] * len(capacity)  # CPU flows' demand at their ceilings
         self.pool_threads = dict.fromkeys(pools, 0.0)
         self.slowed = 0
         self.t_last = 0.0
@@ -112,19 +115,38 @@ class FluidShare:
     def _fits(self, f: Flow) -> bool:
         if f.pool >= 0 and self.pool_threads[f.pool] + f.threads > self.pools[f.pool]:
             return False
-        cap, load = self.capacity, self.load
-        return all(load[j] + d <= cap[j] * (1 + REL_EPS) for j, d in f.uses)
+        own = 1.0 if f.pool >= 0 else 0.0
+        return all(self.load[j] + d <= self._capacity(j, own * d) * (1 + REL_EPS)
+                   for j, d in f.uses)
+
+    def _capacity(self, j: int, cpu_joining: float = 0.0) -> float:
+        """Resource j's capacity now: on a demand-capped resource (ResourceUse.demand_capped)
+        at most what its CPU flows (and `cpu_joining` more) would draw at their ceilings, so a
+        DMA's weighted draw there slows them however far below the static cap they run; with no
+        CPU flow on it, no cap (the weighted draw is what the copies cost the kernels)."""
+        if j not in self.demand_capped:
+            return self.capacity[j]
+        own = self.cpu_demand[j] + cpu_joining
+        return min(self.capacity[j], own) if own > 0 else math.inf
 
     def _add_load(self, f: Flow, sign: float) -> None:
         for j, d in f.uses:
             self.load[j] += sign * d * f.speed
+            if f.pool >= 0:
+                self.cpu_demand[j] += sign * d * f.cap
         if f.pool >= 0:
             self.pool_threads[f.pool] += sign * f.threads
 
     def _recompute(self) -> None:
         allocate_cores(self.flows, self.pools)
-        fill_speeds(self.flows, self.capacity)
+        self.cpu_demand = [0.0] * len(self.capacity)
+        for f in self.flows:
+            if f.pool >= 0:
+                for j, d in f.uses:
+                    self.cpu_demand[j] += d * f.cap
+        fill_speeds(self.flows, [self._capacity(j) for j in range(len(self.capacity))])
         self.load = [0.0] * len(self.capacity)
+        self.cpu_demand = [0.0] * len(self.capacity)
         self.pool_threads = dict.fromkeys(self.pools, 0.0)
         self.slowed = 0
         for f in self.flows:
@@ -200,7 +222,7 @@ def run_graph(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: Hardwar
     pools = {i: float(use.capacity[i]) for i, nm in enumerate(use.names) if nm.endswith(".cores")}
     start, finish, core_s = [math.nan] * n, [math.nan] * n, [0.0] * n
     env = simpy.Environment()
-    share = FluidShare(env, use.capacity.tolist(), pools)
+    share = FluidShare(env, use.capacity.tolist(), pools, use.demand_capped)
     waiting: dict[int, simpy.Event] = {}
     counters = [0]
 

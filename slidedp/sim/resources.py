@@ -18,7 +18,12 @@ Resources (capacity per second; a task's demand is its draw divided by its durat
                   all-gather / reduce traffic competes with H2D / D2H.
   host.dram       host DRAM bandwidth as the CPU teams reach it, shared by the FP32 -> BF16
                   cast, CPU Adam, the host-side gradient sum and, without host.mem, the DMA
-                  reads and writes (bytes/s).
+                  reads and writes (bytes/s). Beside host.mem each DMA byte draws
+                  HostSpec.dram_dma_weight of a byte here, and the capacity at each moment is at
+                  most what the running CPU tasks would draw at their ceilings
+                  (ResourceUse.demand_capped, engine.FluidShare): a copy beside a lone update
+                  slows it (and itself) though the two stay far below dram_bps, as the
+                  nvidia-h200 probe measured (+12-44% per update chunk, benchmarks/RESULTS.md).
   host.mem        (with a profiled HostSpec.memory_bps) all host-memory traffic at once: the DMA
                   and the CPU kernels (bytes/s).
   host.cores      the CPU core pool (cores). Not shared by speed but by threads, first (below).
