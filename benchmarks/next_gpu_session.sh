@@ -46,14 +46,13 @@
 #   bash benchmarks/next_gpu_session.sh h200-threads OUT # nvidia-h200 (~4 min): per-chunk AdamW at
 #                                                      #   8 / 12 / 16 threads against the executor's
 #                                                      #   update at each team size (4B mb 2)
-# Left after the 2026-12-01 19:52-20:28 calls (the host-bound 4B cases under-predicted by up to
-# 17% while the host and state checks read as profiled; a D2H beside the update slowed its chunks
-# by 12-44%, which the profile's new DMA weight, host.dram_dma_weight, now charges:
-# benchmarks/RESULTS.md), in order: `h200-drift` on any H200 (issue 6: its profiles measure the
-# DMA weight; do the three host-bound cases now come within 10%?); `x2-val` when nvidia-h200-x2 is
-# lent (issue 6: the x2 matrix on a profile with the DMA weight; then `MODEL=qwen3-4b x2-val`),
-# `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind); `x4` / x8 when
-# lent (issue 7).
+# Left after the 2026-12-01 21:49-22:20 calls (profiles now measure the DMA weight and the teams
+# beside the copies, and the simulator slows each CPU kernel beside copies by S / (S + D): lease
+# B's seven 4B and 8B cases 3.5% mean, 9.7% max: benchmarks/RESULTS.md), in order:
+# `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on a profile with the DMA weight;
+# then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2 (issue 8 on the
+# second kind); `x4` / x8 when lent (issue 7); on any H200, `h200-drift` again (another lease of
+# the host-bound cases).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only

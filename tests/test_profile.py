@@ -347,13 +347,16 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     assert res.dram_teams[2:] == (pytest.approx(100e9), pytest.approx(30e9))
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
     sources = doc["host"]["sources"]
-    res.dram_dma, res.dma_weight = (2, 2, 1, 150e9), 0.25  # as a GPU's teams_and_dma sets them
+    # as a GPU's teams_and_dma sets them
+    res.dram_dma, res.dma_weight, res.dma_teams_bps = (2, 2, 1, 150e9), 0.25, 75e9
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
     sources = doc["host"]["sources"]
     assert doc["host"]["dram_dma_weight"] == 0.25 and "the copies' traffic" in sources[
         "dram_dma_weight"]
     hw = parse_hardware(tomllib.loads(dumps(doc)), "rounds.toml")
-    assert hw.host.dram_dma_weight == 0.25
+    assert hw.host.dram_dma_weight == 0.25 and doc["host"]["dram_dma_teams_gbps"] == 75
+    assert "the teams' own part of dram_dma_gbps" in sources["dram_dma_teams_gbps"]
+    assert hw.host.dma_slowdown_bps() == pytest.approx(75e9 / 0.25)
     assert "a copied byte costing the teams 0.25 of one" in summary(req, res, hw, "rounds.toml")
     # the host's spread at the team size: the kept rounds all read 10, so no spread
     assert doc["host"]["rate_range"] == {"adam": [1.0, 1.0], "cast": [1.0, 1.0]}

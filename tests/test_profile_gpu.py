@@ -123,3 +123,5 @@ def test_profile_command_writes_a_measured_spec(tmp_path, monkeypatch):
     assert hw.host.memory_bps() == bps and "GPU(s) copying" in hw.host.sources["dram_dma_gbps"]
     assert 0 <= hw.host.dram_dma_weight <= 1 and "copies' traffic" in hw.host.sources[
         "dram_dma_weight"]
+    assert 0 < hw.host.dram_dma_teams_bps < bps and "own part" in hw.host.sources[
+        "dram_dma_teams_gbps"]

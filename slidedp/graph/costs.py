@@ -44,9 +44,10 @@ simulator shares them between concurrent tasks):
   the host-side caps), host.dram (bytes; dram_bps: what the graph's largest CPU team reaches,
   HostSpec.team_dram_bps: the CPU kernels, and the DMA too unless host.mem exists; beside
   host.mem, a DMA byte draws HostSpec.dram_dma_weight of a byte of it, what the copies
-  measurably cost the CPU kernels; the simulator then caps it, at each moment, at what the
-  running CPU kernels would draw alone, so a copy slows a lone update far below dram_bps, as
-  measured: ResourceUse.demand_capped), host.mem (bytes, only with a measured
+  measurably cost the CPU kernels at the teams' cap: the analytic bound's; the simulator instead
+  slows every CPU kernel beside copies of D bytes/s to S / (S + D) of its rate, S =
+  HostSpec.dma_slowdown_bps, the same cost at the teams' cap that also holds far below it, as
+  a lone update measured: ResourceUse.dma_slowdown_bps), host.mem (bytes, only with a measured
   HostSpec.memory_bps, at least host.dram's cap: all host-memory traffic, the DMA's and the CPU
   kernels'), host.cores (core-seconds), fabric (seconds; on a `pcie` fabric collectives also
   load each GPU's PCIe links and, since peer traffic crosses the root complex, the host-side
@@ -75,9 +76,13 @@ class ResourceUse:
     ptr: np.ndarray
     res: np.ndarray
     amount: np.ndarray
-    # resources whose capacity at a moment is at most what the running CPU tasks on it would
-    # draw at their speed ceilings (the simulator's FluidShare; the analytic bound uses capacity)
-    demand_capped: tuple[int, ...] = ()
+    # the copies' slowdown of the CPU kernels (HostSpec.dma_slowdown_bps; 0: none) and the
+    # resources it reads and scales: the copies' host-memory bytes (host.mem) and the CPU
+    # kernels' cap (host.dram); the simulator's FluidShare only, the analytic bound has the
+    # copies' weighted draw on host.dram instead
+    dma_slowdown_bps: float = 0.0
+    dma_memory: int = -1
+    cpu_memory: int = -1
 
     def index(self, name: str) -> int:
         return self.names.index(name)
@@ -243,6 +248,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
             use("host.mem", a)
 
     dma_weight = h.dram_dma_weight if memory_bps is not None else 0.0
+    slowdown = h.dma_slowdown_bps() if memory_bps is not None else None
 
     def dma_bytes(a):  # a copy's host-memory traffic, and what it costs the CPU kernels' cap
         use(dma_dram, a)
@@ -286,4 +292,4 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         ptr.append(len(res))
     return ResourceUse(names, np.array([cap[n] for n in names]), np.asarray(ptr, np.int64),
                        np.asarray(res, np.int64), np.asarray(amt, np.float64),
-                       (idx["host.dram"],) if dma_weight > 0 else ())
+                       slowdown or 0.0, idx.get("host.mem", -1), idx["host.dram"])

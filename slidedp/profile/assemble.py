@@ -389,6 +389,13 @@ class Assembler:
                 "copies' traffic, within [0, 1], the mean of the runs' (without the largest and "
                 f"the smallest from {Rounds.TRIM_FROM} runs on): what a copied byte costs the CPU "
                 "kernels' DRAM (HostSpec.dram_dma_weight)")
+            if res.dma_teams_bps is not None:
+                t["dram_dma_teams_gbps"] = g4(res.dma_teams_bps / GB)
+                t["sources"]["dram_dma_teams_gbps"] = m.source(
+                    "measured: the teams' own part of dram_dma_gbps (6 B x cast elements + 28 B x "
+                    f"Adam parameters) / time, {rounds_rule(s.host_rounds)} of the runs: with "
+                    "dram_dma_weight, how much a copy slows every CPU kernel "
+                    "(HostSpec.dma_slowdown_bps)")
         if res.agent_gaps is not None and res.agent_gaps[2].gap_s:
             name, seq, gaps = res.agent_gaps
             t["agent_gap_us"] = {k: g4(v * 1e6) for k, v in gaps.gap_s.items()}

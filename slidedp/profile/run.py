@@ -68,7 +68,8 @@ class Results:
     # round, each round on fresh buffers (timing.Rounds): keys (kernel, threads) with kernel in
     # HOST_KERNELS, ("cast chunk", chunk bytes, threads), ("teams", cast threads, update
     # threads) and ("teams cast", ...) its cast team's part, ("teams with dma", cast threads,
-    # update threads, GPUs) and ("dma weight", ...) each of its runs' dma_weight_sample
+    # update threads, GPUs), ("teams beside dma", ...) the teams' own part of it and ("dma
+    # weight", ...) each of its runs' dma_weight_sample
     host_rounds: Rounds = field(default_factory=Rounds)
     # the cast and update teams at once, over the rounds: (cast threads, update threads, DRAM
     # bytes/s, the cast team's bytes/s)
@@ -78,6 +79,8 @@ class Results:
     dram_dma: tuple[int, int, int, float] | None = None
     # what a copied byte costs the teams, over those runs (dma_weight_sample); None: not measured
     dma_weight: float | None = None
+    # the teams' own bytes/s beside the copies, over those runs; None: not measured
+    dma_teams_bps: float | None = None
     # the cast by chunk size: (chunk BF16 bytes, threads) -> elements/s; its buffers
     cast_chunk_elems_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
     cast_chunk_src_bytes: int = 0
@@ -259,6 +262,7 @@ class Profiler:
 
         def teams_and_dma():
             key, weight = ("teams with dma", team, team, gpus), ("dma weight", team, team, gpus)
+            beside = ("teams beside dma", team, team, gpus)
             for _ in range(s.host_rounds):
                 self._alloc_host()  # fresh buffers each run, as the rounds (timing.Rounds)
                 alone = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND)[2]  # paired: the
@@ -266,8 +270,10 @@ class Profiler:
                 total, _, teams = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND,
                                                        self._pcie.dma_loads())
                 r.host_rounds.add(key, total)
+                r.host_rounds.add(beside, teams)
                 r.host_rounds.add(weight, dma_weight_sample(alone, teams, total))
             r.dram_dma = (team, team, gpus, r.host_rounds.rate(key))
+            r.dma_teams_bps = r.host_rounds.rate(beside)
             r.dma_weight = r.host_rounds.mean(weight)
 
         steps = [Step("pin host buffers", alloc)]

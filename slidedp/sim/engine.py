@@ -40,6 +40,8 @@ from slidedp.spec.hardware import HardwareSpec
 
 GATE = max(EdgeKind) + 1  # pred_why code of a version-gate (I3) DATA edge
 TIME_EPS = 1e-12  # relative: flows this close to done, in seconds at their speed, finish together
+SLOWDOWN_PASSES = 8  # fills at most, for the copies' rate under their slowdown of the CPU flows
+SLOWDOWN_SETTLED = 1e-9  # relative: the copies' rate settled between two fills
 
 
 @dataclass(frozen=True)
@@ -84,17 +86,20 @@ class FluidShare:
 
     Fast path: while no flow is slowed, a flow whose demands fit into the free capacity starts at
     full speed and a finishing flow frees its capacity, with no recomputation; otherwise
-    allocate_cores + fill_speeds run over all running flows (there are at most a few dozen: one
-    per agent).
+    allocate_cores + fill_speeds (and, where copies slow the CPU kernels, resources.py stage 3)
+    run over all running flows (there are at most a few dozen: one per agent). A CPU flow
+    joining copies, or a copy joining CPU flows, always recomputes.
     """
 
     def __init__(self, env: simpy.Environment, capacity: list[float], pools: dict[int, float],
-                 demand_capped: tuple[int, ...] = ()):
+                 dma_slowdown: tuple[float, int, int] = (0.0, -1, -1)):
         self.env, self.capacity, self.pools = env, capacity, pools
-        self.demand_capped = frozenset(demand_capped)
+        # (S bytes/s, the copies' host-memory resource, the CPU kernels' cap): CPU flows beside
+        # copies of D bytes/s run at S / (S + D) of their speed (ResourceUse.dma_slowdown_bps)
+        self.slowdown_bps, self.dma_memory, self.cpu_memory = dma_slowdown
         self.flows: list[Flow] = []
         self.load = [0.0] * len(capacity)
-        self.cpu_demand = [0.0] * len(capacity)  # CPU flows' demand at their ceilings
+        self.running = {"cpu": 0, "dma": 0}  # CPU flows, and copies on dma_memory
         self.pool_threads = dict.fromkeys(pools, 0.0)
         self.slowed = 0
         self.t_last = 0.0
@@ -115,38 +120,53 @@ class FluidShare:
     def _fits(self, f: Flow) -> bool:
         if f.pool >= 0 and self.pool_threads[f.pool] + f.threads > self.pools[f.pool]:
             return False
-        own = 1.0 if f.pool >= 0 else 0.0
-        return all(self.load[j] + d <= self._capacity(j, own * d) * (1 + REL_EPS)
-                   for j, d in f.uses)
+        if self.slowdown_bps > 0 and self.running["dma" if f.pool >= 0 else "cpu"] and (
+                f.pool >= 0 or self._copy_bps(f) > 0):
+            return False  # a CPU flow beside a copy: both kinds slow it (_slow_cpu_beside_copies)
+        cap, load = self.capacity, self.load
+        return all(load[j] + d <= cap[j] * (1 + REL_EPS) for j, d in f.uses)
 
-    def _capacity(self, j: int, cpu_joining: float = 0.0) -> float:
-        """Resource j's capacity now: on a demand-capped resource (ResourceUse.demand_capped)
-        at most what its CPU flows (and `cpu_joining` more) would draw at their ceilings, so a
-        DMA's weighted draw there slows them however far below the static cap they run; with no
-        CPU flow on it, no cap (the weighted draw is what the copies cost the kernels)."""
-        if j not in self.demand_capped:
-            return self.capacity[j]
-        own = self.cpu_demand[j] + cpu_joining
-        return min(self.capacity[j], own) if own > 0 else math.inf
+    def _copy_bps(self, f: Flow) -> float:
+        """A copy's host-memory bytes/s at full speed (0 for a CPU flow or a GPU-only one)."""
+        return 0.0 if f.pool >= 0 else sum(d for j, d in f.uses if j == self.dma_memory)
 
     def _add_load(self, f: Flow, sign: float) -> None:
         for j, d in f.uses:
             self.load[j] += sign * d * f.speed
-            if f.pool >= 0:
-                self.cpu_demand[j] += sign * d * f.cap
         if f.pool >= 0:
             self.pool_threads[f.pool] += sign * f.threads
+            self.running["cpu"] += int(sign)
+        elif self._copy_bps(f) > 0:
+            self.running["dma"] += int(sign)
+
+    def _slow_cpu_beside_copies(self) -> None:
+        """The CPU flows' ceilings and the CPU kernels' cap times k = S / (S + D), D the copies'
+        bytes/s at their speeds, filled again until D settles (the CPU kernels' loss frees
+        host memory for the copies: D only grows, so a few passes suffice)."""
+        cpu = [f for f in self.flows if f.pool >= 0]
+        copies = [(f, self._copy_bps(f)) for f in self.flows if self._copy_bps(f) > 0]
+        if not cpu or not copies:
+            return
+        ceilings, capacity = [f.cap for f in cpu], list(self.capacity)
+        copies_bps = sum(f.speed * b for f, b in copies)
+        for _ in range(SLOWDOWN_PASSES):
+            k = self.slowdown_bps / (self.slowdown_bps + copies_bps)
+            for f, c in zip(cpu, ceilings, strict=True):
+                f.cap = c * k
+            capacity[self.cpu_memory] = self.capacity[self.cpu_memory] * k
+            fill_speeds(self.flows, capacity)
+            now = sum(f.speed * b for f, b in copies)
+            if now <= copies_bps * (1 + SLOWDOWN_SETTLED):
+                break
+            copies_bps = now
 
     def _recompute(self) -> None:
         allocate_cores(self.flows, self.pools)
-        self.cpu_demand = [0.0] * len(self.capacity)
-        for f in self.flows:
-            if f.pool >= 0:
-                for j, d in f.uses:
-                    self.cpu_demand[j] += d * f.cap
-        fill_speeds(self.flows, [self._capacity(j) for j in range(len(self.capacity))])
+        fill_speeds(self.flows, self.capacity)
+        if self.slowdown_bps > 0:
+            self._slow_cpu_beside_copies()
         self.load = [0.0] * len(self.capacity)
-        self.cpu_demand = [0.0] * len(self.capacity)
+        self.running = {"cpu": 0, "dma": 0}
         self.pool_threads = dict.fromkeys(self.pools, 0.0)
         self.slowed = 0
         for f in self.flows:
@@ -222,7 +242,8 @@ def run_graph(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: Hardwar
     pools = {i: float(use.capacity[i]) for i, nm in enumerate(use.names) if nm.endswith(".cores")}
     start, finish, core_s = [math.nan] * n, [math.nan] * n, [0.0] * n
     env = simpy.Environment()
-    share = FluidShare(env, use.capacity.tolist(), pools, use.demand_capped)
+    share = FluidShare(env, use.capacity.tolist(), pools,
+                       (use.dma_slowdown_bps, use.dma_memory, use.cpu_memory))
     waiting: dict[int, simpy.Event] = {}
     counters = [0]
 

@@ -18,19 +18,15 @@ Resources (capacity per second; a task's demand is its draw divided by its durat
                   all-gather / reduce traffic competes with H2D / D2H.
   host.dram       host DRAM bandwidth as the CPU teams reach it, shared by the FP32 -> BF16
                   cast, CPU Adam, the host-side gradient sum and, without host.mem, the DMA
-                  reads and writes (bytes/s). Beside host.mem each DMA byte draws
-                  HostSpec.dram_dma_weight of a byte here, and the capacity at each moment is at
-                  most what the running CPU tasks would draw at their ceilings
-                  (ResourceUse.demand_capped, engine.FluidShare): a copy beside a lone update
-                  slows it (and itself) though the two stay far below dram_bps, as the
-                  nvidia-h200 probe measured (+12-44% per update chunk, benchmarks/RESULTS.md).
+                  reads and writes (bytes/s). Beside host.mem, the copies' cost to the CPU
+                  kernels (3. below) scales this cap as it scales their speeds.
   host.mem        (with a profiled HostSpec.memory_bps) all host-memory traffic at once: the DMA
                   and the CPU kernels (bytes/s).
   host.cores      the CPU core pool (cores). Not shared by speed but by threads, first (below).
   fabric          the GPU fabric (seconds of collective per second; nvswitch, nvlink-pairs and
                   pcie differ in the collective's duration, costs.task_durations).
 
-Sharing rule, in two stages, recomputed whenever a task starts or ends:
+Sharing rule, in stages, recomputed whenever a task starts or ends:
   1. cores: CPU tasks (CAST, ADAM, HOST_SUM) ask for `threads` cores. If the pool has enough,
      each gets what it asks; otherwise cores are split max-min fair (water-filling on thread
      counts). A task holding c of its t threads runs at most at rate(c) / rate(t) of its full
@@ -44,6 +40,15 @@ Sharing rule, in two stages, recomputed whenever a task starts or ends:
      identical DMAs through a saturated host cap get equal bytes/s. Every weight is 1 but the
      CAST's: HostSpec.cast_weight, from the profile's teams-at-once run, where the cast team got
      a smaller fraction of its own rate than the update team beside it (1 where not measured).
+  3. copies beside CPU kernels (where the profile measured HostSpec.dma_slowdown_bps S): with
+     the copies moving D bytes/s of host memory (their host.mem draws at their speeds), every
+     CPU task's ceiling and host.dram's capacity are scaled by S / (S + D) and stage 2 runs
+     again until D settles (engine.FluidShare): a copy lengthens each memory access, so a kernel
+     loses the same fraction of its rate however little traffic it has of its own. The copies
+     themselves are not slowed by it. nvidia-h200 2026-12-01: a lone update's 64 MiB chunks
+     took +44% beside a D2H stream of ~45 GB/s (64 MiB in ~1.5 ms), where S = 125-140 GB/s
+     gives +32-36%; the teams at their cap lost w = 0.35-0.51 of each copied byte (S = their
+     traffic beside the copies / w: 125-254 GB/s on four profiles).
 The rule has no memory: rates depend only on the set of running tasks.
 """
 
@@ -161,6 +166,10 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     cast_weight = hw.host.cast_weight()
     work = g.work.tolist()
     coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
+    # where the copies slow the CPU kernels (engine.FluidShare), their weighted draw on the
+    # kernels' cap is that slowdown's, not a draw of their own
+    slowed_cap = use.cpu_memory if use.dma_slowdown_bps > 0 else -1
+    cpu_kinds = {int(Kind.CAST), int(Kind.ADAM), int(Kind.HOST_SUM)}
     ptr, res, amt = use.ptr.tolist(), use.res.tolist(), use.amount.tolist()
     kinds, dur = g.kind.tolist(), durations.tolist()
     specs = []
@@ -172,7 +181,7 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
                 j = res[i]
                 if j in pools:
                     pool = j
-                elif amt[i] > 0:
+                elif amt[i] > 0 and not (j == slowed_cap and k not in cpu_kinds):
                     uses.append((j, amt[i] / d))
             if k in coll and collective_sm_fraction > 0:
                 uses += [(j, collective_sm_fraction) for j in compute_of]

@@ -26,6 +26,8 @@ Schema (units in names):
               dram_dma_weight  (optional, with dram_dma_gbps) in [0, 1]: the teams' traffic a
               copied byte costs in that run, against the teams alone on the same buffers
               (HostSpec.dram_dma_weight)
+              dram_dma_teams_gbps  (optional, with dram_dma_weight) the teams' own traffic in that
+              run, beside the copies (HostSpec.dma_slowdown_bps)
               cast_chunk_gelem_per_s = [[chunk_mib, threads, rate], ...]  (optional) the cast by
               chunk size: chunk_mib is the chunk's BF16 size (what H2D moves, as pcie.chunk_gbps;
               elements = chunk_mib MiB / 2 B); rows by chunk_mib, threads strictly increasing
@@ -200,6 +202,9 @@ class HostSpec:
     # benchmarks/adam_after_d2h_probe.py) a D2H stream beside the update took its 64 MiB chunks
     # from 7.6 to 10.9 ms, a 5 ms pause after each copy to 8.5 ms
     dram_dma_weight: float = 0.0
+    # the teams' own bytes/s beside the copies in the dram_dma run; None: not measured (profiles
+    # before 2026-12-01 23:00: dma_slowdown_bps derives it from the totals)
+    dram_dma_teams_bps: float | None = None
     # Adam on a BF16 gradient widened in cache (plan.grad_widen = host), against threads; None:
     # not measured (profiles before 2026-12-01, presets): the FP32 gradient's curve stands in
     adam_bf16_grad_params_per_s: RateCurve | None = None
@@ -283,6 +288,28 @@ class HostSpec:
         GB/s of their own while four GPUs downloaded 131 GB of gradients beside them: more
         host-memory traffic than the 163 GB/s the teams reached alone."""
         return None if self.dram_dma is None else self.dram_dma[3]
+
+    def dma_slowdown_bps(self) -> float | None:
+        """S: with the GPUs' copies moving D bytes/s of host memory, every CPU kernel runs at
+        S / (S + D) of the rate it has without them (the simulator's FluidShare), whatever its
+        own traffic: the copies lengthen each memory access, and a kernel's rate follows its
+        latency. From the profile's paired run: the teams moved T' bytes/s beside copies of D',
+        and T' + w D' without them (w: dram_dma_weight), so S = T' / w. T' is the measured
+        dram_dma_teams_bps, or, before it was recorded, memory_bps - D' with D' = (memory_bps -
+        the teams alone (dram_teams)) / (1 - w), the teams alone then from other allocations.
+        None where there is no weight (no slowdown). On nvidia-h200 2026-12-01: S 125-254 GB/s;
+        a lone update's 64 MiB chunks beside a ~45 GB/s D2H stream measured +44% (7.6 -> 10.9
+        ms), where S / (S + D) at S = 140 GB/s says +32%."""
+        w = self.dram_dma_weight
+        if w <= 0 or self.dram_dma is None:
+            return None
+        teams_beside = self.dram_dma_teams_bps
+        if teams_beside is None:
+            if self.dram_teams is None or w >= 1:
+                return None
+            copies = (self.dram_dma[3] - self.dram_teams[2]) / (1 - w)
+            teams_beside = self.dram_dma[3] - copies
+        return teams_beside / w if teams_beside > 0 else None
 
 
 @dataclass(frozen=True)
@@ -404,7 +431,7 @@ def _host(t: Table) -> HostSpec:
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
     src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
                                           "dram_teams_cast_gbps", "dram_dma_gbps",
-                                          "dram_dma_weight",
+                                          "dram_dma_weight", "dram_dma_teams_gbps",
                                           "adam_bf16_grad_gparam_per_s", "agent_gap_us",
                                           "rate_range")
                           if t.has(k)])
@@ -438,6 +465,16 @@ def _host(t: Table) -> HostSpec:
         if not 0 <= dma_weight <= 1:
             raise SpecError(t.where, "host.dram_dma_weight",
                             f"a number in [0, 1], got {dma_weight!r}")
+    dma_teams = None
+    if t.has("dram_dma_teams_gbps"):
+        if not t.has("dram_dma_weight"):
+            raise SpecError(t.where, "host.dram_dma_teams_gbps",
+                            "only beside host.dram_dma_weight (the run it was measured in)")
+        dma_teams = t.num("dram_dma_teams_gbps") * GB
+        if not 0 < dma_teams <= dma[3]:
+            raise SpecError(t.where, "host.dram_dma_teams_gbps",
+                            f"between 0 (exclusive) and dram_dma_gbps ({dma[3] / GB:g}), got "
+                            f"{dma_teams / GB:g}")
     cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
                                 "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
     adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
@@ -450,7 +487,7 @@ def _host(t: Table) -> HostSpec:
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
                               src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast, dma,
-                 dma_weight, adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where),
+                 dma_weight, dma_teams, adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where),
                  _rate_range(t.raw("rate_range", {}), t.where))
     t.done()
     return h
