@@ -46,7 +46,7 @@
 #   bash benchmarks/next_gpu_session.sh h200-threads OUT # nvidia-h200 (~4 min): per-chunk AdamW at
 #                                                      #   8 / 12 / 16 threads against the executor's
 #                                                      #   update at each team size (4B mb 2)
-# Left after the 2026-12-01 21:49-22:20 calls (profiles now measure the DMA weight and the teams
+# Left after the 2026-12-01 21:49-22:53 calls (profiles now measure the DMA weight and the teams
 # beside the copies, and the simulator slows each CPU kernel beside copies by S / (S + D): lease
 # B's seven 4B and 8B cases 3.5% mean, 9.7% max: benchmarks/RESULTS.md), in order:
 # `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on a profile with the DMA weight;

@@ -188,23 +188,24 @@ def test_dma_draws_on_all_host_memory_traffic_only_when_that_is_measured(tmp_pat
 
 
 def test_the_dma_weight_draws_the_copies_on_the_cpu_kernels_cap(tmp_path):
-    """Beside host.mem, a measured DMA weight w makes each copy draw w of its bytes on host.dram
-    too, and a host-bound step predicted with it is slower; without one the copies leave
-    host.dram to the CPU kernels."""
+    """Beside host.mem, a measured DMA weight w without the slowdown rate (HostSpec.
+    dma_slowdown_bps None: here w = 1, where the totals give no rate) makes each copy draw w of
+    its bytes on host.dram too, and a host-bound step predicted with it is slower; without one
+    the copies leave host.dram to the CPU kernels (the rate's case: test_sim_dma_slowdown.py)."""
     text = (preset_dir() / "h200x1.toml").read_text()
     wl = Workload(load_model("qwen3-0.6b"), 512, 1, 1, 1)
     plan = default_plan("pcie")
     g = build_graph(wl, plan, cores=16, iterations=1)
     hws = []
-    for weight in (None, 1 / 3):
+    for weight in (None, 1):
         extra = "dram_teams_gbps = [12, 12, 100.0]\ndram_dma_gbps = [12, 12, 1, 140.0]\n"
         if weight is not None:
             extra += f"dram_dma_weight = {weight}\n"
         path = tmp_path / f"w{weight}.toml"
         path.write_text(text.replace("[host]\n", "[host]\n" + extra, 1))
         hws.append(load_hardware(str(path)))
-    assert hws[1].host.dram_dma_weight == pytest.approx(1 / 3)
-    for hw, w in zip(hws, (0.0, 1 / 3), strict=True):
+    assert hws[1].host.dram_dma_weight == 1 and hws[1].host.dma_slowdown_bps() is None
+    for hw, w in zip(hws, (0.0, 1.0), strict=True):
         use = resource_use(g, hw, task_durations(g, hw, wl))
         for dma in (Kind.H2D, Kind.D2H):
             d = _draws(g, use, dma)

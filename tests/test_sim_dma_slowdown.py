@@ -3,6 +3,7 @@ beside copies of D bytes/s every CPU flow runs at S / (S + D) of its speed, what
 traffic, the copies unslowed by it; at the teams' cap that is the profile's paired measurement;
 the fast path (no recomputation) agrees with a full recomputation."""
 
+import numpy as np
 import pytest
 import simpy
 from hypothesis import given, settings
@@ -11,8 +12,10 @@ from hypothesis import strategies as st
 from slidedp.graph import build_graph
 from slidedp.graph.costs import resource_use, task_durations
 from slidedp.graph.tasks import Kind
+from slidedp.model.predict import predict
 from slidedp.sim.engine import FluidShare
 from slidedp.sim.resources import Flow, task_flows_spec
+from slidedp.sim.simulator import simulate
 from slidedp.spec.hardware import load_hardware, preset_dir
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import default_plan
@@ -77,15 +80,21 @@ def test_at_the_teams_cap_it_is_the_profiles_paired_measurement():
 
 
 def test_the_copies_rate_settles_where_the_kernels_free_host_memory():
-    """Copies held by all host-memory traffic speed up as the kernels slow: the fill repeats
-    until the kernels' factor is the one the copies' settled rate gives (within 1e-4 here)."""
-    env = simpy.Environment()
-    share = FluidShare(env, [100.0, 16.0, 120.0], {CORES: 16.0}, (100.0, MEM, DRAM))
-    update, copy = _cpu(0, 80.0), _copy(1, 100.0)
-    _start(env, share, update, copy)
-    copies = 100.0 * copy.speed
-    assert 80.0 * update.speed + copies == pytest.approx(120.0)  # host.mem full
-    assert update.speed == pytest.approx(100.0 / (100.0 + copies), rel=1e-4)  # 8 fills at most
+    """Copies held by all host-memory traffic speed up as the kernels slow: the factor is the
+    one the copies' settled rate gives, also where a plain iteration crawls (host.mem at the
+    kernels' cap: the root of 136.8 k^2 - 261.8 k + 125 = 0 below 1, copy speed 0.808)."""
+    for capacity, cpu_gbps, copy_gbps, slowdown in (([100.0, 16.0, 120.0], 80.0, 100.0, 100.0),
+                                                   ([136.8, 16.0, 136.8], 300.0, 14.6, 125.0)):
+        env = simpy.Environment()
+        share = FluidShare(env, capacity, {CORES: 16.0}, (slowdown, MEM, DRAM))
+        update, copy = _cpu(0, cpu_gbps), _copy(1, copy_gbps)
+        _start(env, share, update, copy)
+        k = slowdown / (slowdown + copy_gbps * copy.speed)
+        assert share.load[MEM] == pytest.approx(capacity[MEM])  # host.mem full
+        assert cpu_gbps * update.speed <= capacity[DRAM] * k * (1 + 1e-9)
+        assert update.speed <= k * (1 + 1e-9)
+        assert update.speed == pytest.approx(min(k, capacity[DRAM] * k / cpu_gbps), rel=1e-6)
+    assert copy.speed == pytest.approx((1 - 0.913827) * 136.8 / 14.6, rel=1e-3)
 
 
 flows_st = st.lists(st.tuples(st.booleans(), st.floats(0.1, 120.0), st.floats(1.0, 16.0),
@@ -102,6 +111,16 @@ def test_fast_path_matches_a_full_recomputation_at_every_event(spec, slowdown):
 
     def check(_event=None):
         speeds = [f.speed for f in share.flows]
+        # the fast path's bookkeeping is what the running flows draw (before recomputing it)
+        drawn = [0.0] * len(CAPACITY)
+        for f in share.flows:
+            for j, d in f.uses:
+                drawn[j] += f.speed * d
+        assert share.load == pytest.approx(drawn, rel=1e-9, abs=1e-9)
+        assert share.running == {"cpu": sum(f.pool >= 0 for f in share.flows),
+                                 "copy": sum(f.pool < 0 for f in share.flows)}
+        assert share.pool_threads[CORES] == pytest.approx(
+            sum(f.threads for f in share.flows if f.pool >= 0), abs=1e-9)
         share._recompute()
         if [f.speed for f in share.flows] != pytest.approx(speeds, rel=1e-9, abs=1e-12):
             mismatches.append((env.now, speeds, [f.speed for f in share.flows]))
@@ -137,6 +156,12 @@ def test_the_slowdown_rate_comes_from_the_profiles_paired_run(tmp_path):
     hw = _dma_profile(tmp_path, base + "dram_dma_weight = 0.5\n")
     assert hw.host.dma_slowdown_bps() == pytest.approx(120e9)
     assert _dma_profile(tmp_path, base).host.dma_slowdown_bps() is None
+    # no derivation where it gives no copies' traffic (w = 1, a total at the teams' alone)
+    assert _dma_profile(tmp_path, base + "dram_dma_weight = 1\n").host.dma_slowdown_bps() is None
+    flat = base.replace("[12, 12, 1, 140.0]", "[12, 12, 1, 95.0]") + "dram_dma_weight = 0.5\n"
+    assert _dma_profile(tmp_path, flat).host.dma_slowdown_bps() is None
+    recorded = base + "dram_dma_weight = 1\ndram_dma_teams_gbps = 70.0\n"
+    assert _dma_profile(tmp_path, recorded).host.dma_slowdown_bps() == pytest.approx(70e9)
     assert load_hardware("h200x1").host.dma_slowdown_bps() is None
     with pytest.raises(Exception, match=r"host\.dram_dma_teams_gbps.*between 0"):
         _dma_profile(tmp_path, base + "dram_dma_weight = 0.5\ndram_dma_teams_gbps = 150.0\n")
@@ -144,25 +169,33 @@ def test_the_slowdown_rate_comes_from_the_profiles_paired_run(tmp_path):
         _dma_profile(tmp_path, base + "dram_dma_teams_gbps = 70.0\n")
 
 
-def test_the_simulator_drops_the_copies_weighted_draw_for_the_slowdown(tmp_path):
-    """resource_use keeps the copies' weighted draw on host.dram (the analytic bound's) and
-    names the slowdown; the simulator's flows leave that draw out (the slowdown is its cost)."""
-    hw = _dma_profile(tmp_path, "dram_teams_gbps = [12, 12, 100.0]\n"
-                                "dram_dma_gbps = [12, 12, 1, 140.0]\ndram_dma_weight = 0.5\n")
-    wl = Workload(load_model("qwen3-0.6b"), 512, 2, 1, 2)
-    g = build_graph(wl, default_plan("nvswitch"), hw.host.cores)
-    durations = task_durations(g, hw, wl)
-    use = resource_use(g, hw, durations)
-    dram = use.index("host.dram")
-    assert use.dma_slowdown_bps == pytest.approx(120e9) and use.cpu_memory == dram
-    assert use.dma_memory == use.index("host.mem")
-    specs = task_flows_spec(g, durations, use, hw, 0.1)
-    kinds = g.kind.tolist()
-    for v, k in enumerate(kinds):
-        draws = [j for j, _ in specs[v][0]]
-        if k in (Kind.H2D, Kind.D2H):
-            assert use.amount[use.ptr[v]:use.ptr[v + 1]][
-                use.res[use.ptr[v]:use.ptr[v + 1]] == dram].sum() > 0
-            assert dram not in draws and use.dma_memory in draws
-        elif k in (Kind.CAST, Kind.ADAM) and durations[v] > 0:
-            assert dram in draws
+def test_the_bound_takes_the_slowdowns_linear_part_and_the_simulator_the_slowdown(tmp_path):
+    """With S, resource_use names the slowdown and its resources, and each copy draws on
+    host.dram the slowdown's linear bound, cap / (S + D_max) of its bytes, which the simulator's
+    flows leave out; with the weight alone (w = 1: no S) each copy draws w of its bytes there,
+    in both. The slowed step is longer than without the weight and never below the bound."""
+    dma = "dram_teams_gbps = [12, 12, 100.0]\ndram_dma_gbps = [12, 12, 1, 140.0]\n"
+    hws = [_dma_profile(tmp_path, dma + extra) for extra in
+           ("", "dram_dma_weight = 0.5\n", "dram_dma_weight = 1\n")]
+    wl = Workload(load_model("qwen3-0.6b"), 512, 1, 1, 1)
+    plan = default_plan("nvswitch")
+    g = build_graph(wl, plan, hws[0].host.cores)
+    copies = np.flatnonzero(np.isin(g.kind, [int(Kind.H2D), int(Kind.D2H)]))
+    for hw, slowdown in zip(hws, (0.0, 120e9, 0.0), strict=True):
+        durations = task_durations(g, hw, wl)
+        use = resource_use(g, hw, durations)
+        assert use.dma_slowdown_bps == pytest.approx(slowdown)
+        dram, mem = use.index("host.dram"), use.index("host.mem")
+        assert (use.copy_traffic, use.kernel_dram) == (mem, dram)
+        d_max = min(use.capacity[mem], use.capacity[use.index("host.pcie")])
+        weight = (use.capacity[dram] / (slowdown + d_max) if slowdown
+                  else hw.host.dram_dma_weight)
+        specs = task_flows_spec(g, durations, use, hw, 0.1)
+        for v in copies:
+            draws = dict(zip(use.res[use.ptr[v]:use.ptr[v + 1]].tolist(),
+                             use.amount[use.ptr[v]:use.ptr[v + 1]].tolist(), strict=True))
+            assert draws.get(dram, 0.0) == pytest.approx(weight * draws[mem])
+            assert (dram in [j for j, _ in specs[v][0]]) == (weight > 0 and not slowdown)
+    plain, slowed = (simulate(hw, wl, plan) for hw in hws[:2])
+    assert slowed.step_time_s > plain.step_time_s
+    assert slowed.step_time_s >= predict(hws[1], wl, plan).lower_bound_s * (1 - 1e-9)

@@ -20,16 +20,25 @@ PRESETS = {n: load_hardware(n) for n in ("h200x2", "a800x4-nobridge", "rtx4090x4
 
 
 @st.composite
-def hardware(draw):
+def hardware(draw, copies_slow: bool = False):
+    """A preset with its PCIe, DRAM and cores scaled; with `copies_slow`, half the time also a
+    profiled all-traffic cap and the copies' slowdown of the CPU kernels (HostSpec.
+    dma_slowdown_bps = the teams beside the copies / the weight)."""
     hw = PRESETS[draw(st.sampled_from(sorted(PRESETS)))]
     pcie = draw(st.sampled_from([0.1, 0.5, 1.0, 2.0]))
     dram = draw(st.sampled_from([0.02, 0.2, 1.0]))
     p = hw.pcie
+    host = replace(hw.host, dram_bps=hw.host.dram_bps * dram,
+                   cores=draw(st.sampled_from([4, 8, hw.host.cores])))
+    if copies_slow and draw(st.booleans()):
+        memory_bps = host.dram_bps * draw(st.sampled_from([1.0, 1.5, 3.0]))
+        host = replace(host, dram_dma=(8, 8, hw.gpu.count, memory_bps),
+                       dram_dma_weight=draw(st.sampled_from([0.1, 0.5, 1.0])),
+                       dram_dma_teams_bps=host.dram_bps * draw(st.sampled_from([0.05, 0.6])))
     return replace(
         hw, pcie=replace(p, **{k: getattr(p, k) * pcie for k in (
             "h2d_bps", "d2h_bps", "duplex_bps", "all_h2d_bps", "all_d2h_bps", "all_total_bps")}),
-        host=replace(hw.host, dram_bps=hw.host.dram_bps * dram,
-                     cores=draw(st.sampled_from([4, 8, hw.host.cores]))))
+        host=host)
 
 
 def _run(hw, wl, plan, **cfg):
@@ -53,7 +62,7 @@ def test_no_contention_is_exactly_the_critical_path(hw, wl, plan):
     assert np.array_equal(off.run.finish_s, longest_path(_without_buffers(g), d).finish_s)
 
 
-@given(hardware(), small_workloads(max_gpus=3), small_plans())
+@given(hardware(copies_slow=True), small_workloads(max_gpus=3), small_plans())
 def test_contention_never_beats_the_analytic_model(hw, wl, plan):
     g, d, res = _run(hw, wl, plan)
     cp = longest_path(g, d)

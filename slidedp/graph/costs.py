@@ -43,11 +43,14 @@ simulator shares them between concurrent tasks):
   gpu{r}.duplex (bytes, both directions), host.h2d, host.d2h, host.pcie (bytes, all GPUs:
   the host-side caps), host.dram (bytes; dram_bps: what the graph's largest CPU team reaches,
   HostSpec.team_dram_bps: the CPU kernels, and the DMA too unless host.mem exists; beside
-  host.mem, a DMA byte draws HostSpec.dram_dma_weight of a byte of it, what the copies
-  measurably cost the CPU kernels at the teams' cap: the analytic bound's; the simulator instead
-  slows every CPU kernel beside copies of D bytes/s to S / (S + D) of its rate, S =
-  HostSpec.dma_slowdown_bps, the same cost at the teams' cap that also holds far below it, as
-  a lone update measured: ResourceUse.dma_slowdown_bps), host.mem (bytes, only with a measured
+  host.mem, the copies cost the CPU kernels: the simulator caps every CPU kernel beside copies
+  of D bytes/s at S / (S + D) of its speed, S = HostSpec.dma_slowdown_bps, the profile's paired
+  cost at the teams' cap that also holds far below it (a lone update beside a D2H stream: +32-36%
+  at S = 125-140 GB/s, +44% measured): ResourceUse.dma_slowdown_bps. The bound takes its linear
+  part: as S / (S + D) <= 1 - D / (S + D_max), D_max = min(host.mem, host.pcie), each DMA byte
+  draws host.dram's cap / (S + D_max) of a byte of host.dram (the simulator leaves that draw
+  out: its slowdown stands for it); a profile with the weight but not S has each DMA byte draw
+  HostSpec.dram_dma_weight of a byte of host.dram, in both), host.mem (bytes, only with a measured
   HostSpec.memory_bps, at least host.dram's cap: all host-memory traffic, the DMA's and the CPU
   kernels'), host.cores (core-seconds), fabric (seconds; on a `pcie` fabric collectives also
   load each GPU's PCIe links and, since peer traffic crosses the root complex, the host-side
@@ -77,12 +80,12 @@ class ResourceUse:
     res: np.ndarray
     amount: np.ndarray
     # the copies' slowdown of the CPU kernels (HostSpec.dma_slowdown_bps; 0: none) and the
-    # resources it reads and scales: the copies' host-memory bytes (host.mem) and the CPU
-    # kernels' cap (host.dram); the simulator's FluidShare only, the analytic bound has the
-    # copies' weighted draw on host.dram instead
+    # resources it reads and scales (the simulator's FluidShare): `copy_traffic`, where the
+    # copies' host-memory bytes are drawn (host.mem), and `kernel_dram`, the CPU kernels' cap
+    # (host.dram)
     dma_slowdown_bps: float = 0.0
-    dma_memory: int = -1
-    cpu_memory: int = -1
+    copy_traffic: int = -1
+    kernel_dram: int = -1
 
     def index(self, name: str) -> int:
         return self.names.index(name)
@@ -247,8 +250,10 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         if memory_bps is not None:
             use("host.mem", a)
 
-    dma_weight = h.dram_dma_weight if memory_bps is not None else 0.0
     slowdown = h.dma_slowdown_bps() if memory_bps is not None else None
+    dma_weight = h.dram_dma_weight if memory_bps is not None else 0.0
+    if slowdown is not None:  # the slowdown's linear bound (module docstring)
+        dma_weight = cap["host.dram"] / (slowdown + min(cap["host.mem"], cap["host.pcie"]))
 
     def dma_bytes(a):  # a copy's host-memory traffic, and what it costs the CPU kernels' cap
         use(dma_dram, a)

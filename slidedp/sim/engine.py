@@ -40,8 +40,8 @@ from slidedp.spec.hardware import HardwareSpec
 
 GATE = max(EdgeKind) + 1  # pred_why code of a version-gate (I3) DATA edge
 TIME_EPS = 1e-12  # relative: flows this close to done, in seconds at their speed, finish together
-SLOWDOWN_PASSES = 8  # fills at most, for the copies' rate under their slowdown of the CPU flows
-SLOWDOWN_SETTLED = 1e-9  # relative: the copies' rate settled between two fills
+SLOWDOWN_FILLS = 60  # fills at most, for the CPU flows' factor beside copies (stage 3)
+SLOWDOWN_TOL = 1e-9  # that factor's tolerance
 
 
 @dataclass(frozen=True)
@@ -94,12 +94,13 @@ class FluidShare:
     def __init__(self, env: simpy.Environment, capacity: list[float], pools: dict[int, float],
                  dma_slowdown: tuple[float, int, int] = (0.0, -1, -1)):
         self.env, self.capacity, self.pools = env, capacity, pools
-        # (S bytes/s, the copies' host-memory resource, the CPU kernels' cap): CPU flows beside
-        # copies of D bytes/s run at S / (S + D) of their speed (ResourceUse.dma_slowdown_bps)
-        self.slowdown_bps, self.dma_memory, self.cpu_memory = dma_slowdown
+        # (S bytes/s, where the copies' host-memory bytes are drawn, the CPU kernels' cap):
+        # CPU flows beside copies of D bytes/s are capped at S / (S + D) of their speed
+        # (ResourceUse.dma_slowdown_bps)
+        self.slowdown_bps, self.copy_traffic, self.kernel_dram = dma_slowdown
         self.flows: list[Flow] = []
         self.load = [0.0] * len(capacity)
-        self.running = {"cpu": 0, "dma": 0}  # CPU flows, and copies on dma_memory
+        self.running = {"cpu": 0, "copy": 0}  # CPU flows, and copies drawing on copy_traffic
         self.pool_threads = dict.fromkeys(pools, 0.0)
         self.slowed = 0
         self.t_last = 0.0
@@ -120,7 +121,7 @@ class FluidShare:
     def _fits(self, f: Flow) -> bool:
         if f.pool >= 0 and self.pool_threads[f.pool] + f.threads > self.pools[f.pool]:
             return False
-        if self.slowdown_bps > 0 and self.running["dma" if f.pool >= 0 else "cpu"] and (
+        if self.slowdown_bps > 0 and self.running["copy" if f.pool >= 0 else "cpu"] and (
                 f.pool >= 0 or self._copy_bps(f) > 0):
             return False  # a CPU flow beside a copy: both kinds slow it (_slow_cpu_beside_copies)
         cap, load = self.capacity, self.load
@@ -128,7 +129,7 @@ class FluidShare:
 
     def _copy_bps(self, f: Flow) -> float:
         """A copy's host-memory bytes/s at full speed (0 for a CPU flow or a GPU-only one)."""
-        return 0.0 if f.pool >= 0 else sum(d for j, d in f.uses if j == self.dma_memory)
+        return 0.0 if f.pool >= 0 else sum(d for j, d in f.uses if j == self.copy_traffic)
 
     def _add_load(self, f: Flow, sign: float) -> None:
         for j, d in f.uses:
@@ -137,28 +138,48 @@ class FluidShare:
             self.pool_threads[f.pool] += sign * f.threads
             self.running["cpu"] += int(sign)
         elif self._copy_bps(f) > 0:
-            self.running["dma"] += int(sign)
+            self.running["copy"] += int(sign)
 
     def _slow_cpu_beside_copies(self) -> None:
-        """The CPU flows' ceilings and the CPU kernels' cap times k = S / (S + D), D the copies'
-        bytes/s at their speeds, filled again until D settles (the CPU kernels' loss frees
-        host memory for the copies: D only grows, so a few passes suffice)."""
+        """Stage 3 of resources.py: the CPU flows' ceilings and the CPU kernels' cap times k, at
+        the k where k = S / (S + D(k)), D(k) the copies' bytes/s that stage 2 gives at k. The
+        root lies in [S / (S + the copies at full speed), 1] (h(k) = k - S / (S + D(k)) is <= 0
+        at the low end, >= 0 at 1); found by regula falsi (Illinois), each step one fill, to
+        SLOWDOWN_TOL in k (a plain iteration can crawl: ~0.9 a step where host.mem binds)."""
         cpu = [f for f in self.flows if f.pool >= 0]
         copies = [(f, self._copy_bps(f)) for f in self.flows if self._copy_bps(f) > 0]
         if not cpu or not copies:
             return
-        ceilings, capacity = [f.cap for f in cpu], list(self.capacity)
-        copies_bps = sum(f.speed * b for f, b in copies)
-        for _ in range(SLOWDOWN_PASSES):
-            k = self.slowdown_bps / (self.slowdown_bps + copies_bps)
+        ceilings, capacity, s_bps = [f.cap for f in cpu], list(self.capacity), self.slowdown_bps
+
+        def h(k: float) -> float:  # fills at k; > 0: k too large for the copies it lets run
             for f, c in zip(cpu, ceilings, strict=True):
                 f.cap = c * k
-            capacity[self.cpu_memory] = self.capacity[self.cpu_memory] * k
+            capacity[self.kernel_dram] = self.capacity[self.kernel_dram] * k
             fill_speeds(self.flows, capacity)
-            now = sum(f.speed * b for f, b in copies)
-            if now <= copies_bps * (1 + SLOWDOWN_SETTLED):
-                break
-            copies_bps = now
+            return k - s_bps / (s_bps + sum(f.speed * b for f, b in copies))
+
+        lo = s_bps / (s_bps + sum(b for _, b in copies))
+        hi, h_hi = 1.0, 1.0 - s_bps / (s_bps + sum(f.speed * b for f, b in copies))  # filled
+        if h_hi <= SLOWDOWN_TOL:  # the copies starved at k = 1 (stage 2 as it stands)
+            return
+        h_lo = h(lo)
+        if h_lo >= 0:
+            return  # the copies at full speed: k = lo, filled
+        side = 0
+        for _ in range(SLOWDOWN_FILLS):
+            k = hi - h_hi * (hi - lo) / (h_hi - h_lo)
+            h_k = h(k)
+            if abs(h_k) <= SLOWDOWN_TOL or hi - lo <= SLOWDOWN_TOL:
+                return
+            if h_k > 0:
+                hi, h_hi = k, h_k
+                h_lo, side = (h_lo / 2, side) if side == 1 else (h_lo, 1)
+            else:
+                lo, h_lo = k, h_k
+                h_hi, side = (h_hi / 2, side) if side == -1 else (h_hi, -1)
+        raise RuntimeError(f"the copies' slowdown of the CPU flows did not settle in "
+                           f"{SLOWDOWN_FILLS} fills (k in [{lo:.9f}, {hi:.9f}])")
 
     def _recompute(self) -> None:
         allocate_cores(self.flows, self.pools)
@@ -166,7 +187,7 @@ class FluidShare:
         if self.slowdown_bps > 0:
             self._slow_cpu_beside_copies()
         self.load = [0.0] * len(self.capacity)
-        self.running = {"cpu": 0, "dma": 0}
+        self.running = {"cpu": 0, "copy": 0}
         self.pool_threads = dict.fromkeys(self.pools, 0.0)
         self.slowed = 0
         for f in self.flows:
@@ -243,7 +264,7 @@ def run_graph(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: Hardwar
     start, finish, core_s = [math.nan] * n, [math.nan] * n, [0.0] * n
     env = simpy.Environment()
     share = FluidShare(env, use.capacity.tolist(), pools,
-                       (use.dma_slowdown_bps, use.dma_memory, use.cpu_memory))
+                       (use.dma_slowdown_bps, use.copy_traffic, use.kernel_dram))
     waiting: dict[int, simpy.Event] = {}
     counters = [0]
 

@@ -19,7 +19,7 @@ Resources (capacity per second; a task's demand is its draw divided by its durat
   host.dram       host DRAM bandwidth as the CPU teams reach it, shared by the FP32 -> BF16
                   cast, CPU Adam, the host-side gradient sum and, without host.mem, the DMA
                   reads and writes (bytes/s). Beside host.mem, the copies' cost to the CPU
-                  kernels (3. below) scales this cap as it scales their speeds.
+                  kernels (3. below) scales this cap as it scales their ceilings.
   host.mem        (with a profiled HostSpec.memory_bps) all host-memory traffic at once: the DMA
                   and the CPU kernels (bytes/s).
   host.cores      the CPU core pool (cores). Not shared by speed but by threads, first (below).
@@ -42,10 +42,12 @@ Sharing rule, in stages, recomputed whenever a task starts or ends:
      a smaller fraction of its own rate than the update team beside it (1 where not measured).
   3. copies beside CPU kernels (where the profile measured HostSpec.dma_slowdown_bps S): with
      the copies moving D bytes/s of host memory (their host.mem draws at their speeds), every
-     CPU task's ceiling and host.dram's capacity are scaled by S / (S + D) and stage 2 runs
-     again until D settles (engine.FluidShare): a copy lengthens each memory access, so a kernel
-     loses the same fraction of its rate however little traffic it has of its own. The copies
-     themselves are not slowed by it. nvidia-h200 2026-12-01: a lone update's 64 MiB chunks
+     CPU task's ceiling and host.dram's capacity are scaled by k = S / (S + D), and stage 2 runs
+     at the k that the D it gives returns (engine.FluidShare._slow_cpu_beside_copies): a copy
+     lengthens each memory access, so a kernel's ceiling drops by the same fraction however
+     little traffic it has of its own (a kernel held lower by a shared cap, e.g. a full
+     host.mem, may lose less). The copies are not slowed by it, only by the caps they share.
+     nvidia-h200 2026-12-01: a lone update's 64 MiB chunks
      took +44% beside a D2H stream of ~45 GB/s (64 MiB in ~1.5 ms), where S = 125-140 GB/s
      gives +32-36%; the teams at their cap lost w = 0.35-0.51 of each copied byte (S = their
      traffic beside the copies / w: 125-254 GB/s on four profiles).
@@ -65,6 +67,7 @@ from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
 
 REL_EPS = 1e-12
+COPY_KINDS = frozenset(int(k) for k in (Kind.H2D, Kind.D2H, Kind.ACT_RELOAD, Kind.ACT_OFFLOAD))
 
 
 @dataclass
@@ -166,10 +169,9 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     cast_weight = hw.host.cast_weight()
     work = g.work.tolist()
     coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
-    # where the copies slow the CPU kernels (engine.FluidShare), their weighted draw on the
-    # kernels' cap is that slowdown's, not a draw of their own
-    slowed_cap = use.cpu_memory if use.dma_slowdown_bps > 0 else -1
-    cpu_kinds = {int(Kind.CAST), int(Kind.ADAM), int(Kind.HOST_SUM)}
+    # the copies' draw on the CPU kernels' cap where the slowdown stands for it (stage 3; the
+    # draw is the analytic bound's linear part of it, costs.py)
+    kernel_dram = use.kernel_dram if use.dma_slowdown_bps > 0 else -1
     ptr, res, amt = use.ptr.tolist(), use.res.tolist(), use.amount.tolist()
     kinds, dur = g.kind.tolist(), durations.tolist()
     specs = []
@@ -181,7 +183,7 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
                 j = res[i]
                 if j in pools:
                     pool = j
-                elif amt[i] > 0 and not (j == slowed_cap and k not in cpu_kinds):
+                elif amt[i] > 0 and not (j == kernel_dram and k in COPY_KINDS):
                     uses.append((j, amt[i] / d))
             if k in coll and collective_sm_fraction > 0:
                 uses += [(j, collective_sm_fraction) for j in compute_of]

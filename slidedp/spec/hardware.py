@@ -194,10 +194,11 @@ class HostSpec:
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
     dram_dma: tuple[float, float, float, float] | None = None
-    # the bytes of the CPU kernels' DRAM cap one byte of the GPUs' DMA takes (graph/costs.py):
-    # measured beside dram_dma, the teams' traffic lost per copied byte against the teams alone
-    # on the same buffers; 0 where not measured (profiles before 2026-12-01 21:00, presets: the
-    # DMA draws only on memory_bps). On nvidia-h200-x4 the teams kept their traffic beside four
+    # the teams' traffic lost per copied byte, measured beside dram_dma against the teams alone
+    # on the same buffers: with dram_dma_teams_bps (or the totals) it gives dma_slowdown_bps,
+    # else each DMA byte draws this share of a byte of the CPU kernels' cap (graph/costs.py); 0
+    # where not measured (profiles before 2026-12-01 21:00, presets: the DMA draws only on
+    # memory_bps). On nvidia-h200-x4 the teams kept their traffic beside four
     # GPUs' copies (memory_bps); on one nvidia-h200 (2026-12-01 20:27,
     # benchmarks/adam_after_d2h_probe.py) a D2H stream beside the update took its 64 MiB chunks
     # from 7.6 to 10.9 ms, a 5 ms pause after each copy to 8.5 ms
@@ -290,16 +291,18 @@ class HostSpec:
         return None if self.dram_dma is None else self.dram_dma[3]
 
     def dma_slowdown_bps(self) -> float | None:
-        """S: with the GPUs' copies moving D bytes/s of host memory, every CPU kernel runs at
-        S / (S + D) of the rate it has without them (the simulator's FluidShare), whatever its
-        own traffic: the copies lengthen each memory access, and a kernel's rate follows its
-        latency. From the profile's paired run: the teams moved T' bytes/s beside copies of D',
-        and T' + w D' without them (w: dram_dma_weight), so S = T' / w. T' is the measured
-        dram_dma_teams_bps, or, before it was recorded, memory_bps - D' with D' = (memory_bps -
-        the teams alone (dram_teams)) / (1 - w), the teams alone then from other allocations.
-        None where there is no weight (no slowdown). On nvidia-h200 2026-12-01: S 125-254 GB/s;
-        a lone update's 64 MiB chunks beside a ~45 GB/s D2H stream measured +44% (7.6 -> 10.9
-        ms), where S / (S + D) at S = 140 GB/s says +32%."""
+        """S: with the GPUs' copies moving D bytes/s of host memory, every CPU kernel is capped
+        at S / (S + D) of the speed it has without them (the simulator's FluidShare; a kernel
+        held lower by a shared cap may lose less): the copies lengthen each memory access, and
+        a kernel's rate follows its latency. From the profile's paired run: the teams moved T'
+        bytes/s beside copies of D' and T' + w D' without them (w: dram_dma_weight), so S =
+        T' / w. T' is the measured dram_dma_teams_bps, or, before it was recorded, memory_bps -
+        D' with D' = (memory_bps - the teams alone (dram_teams)) / (1 - w), the teams alone
+        then from other allocations (a few % there move S by tens of %). None where there is
+        no weight, or where that derivation gives no positive D' and T' (w = 1, copies that
+        added no traffic): the copies then draw w of their bytes on the kernels' cap. On
+        nvidia-h200 2026-12-01: S 125-254 GB/s; a lone update's 64 MiB chunks beside a ~45 GB/s
+        D2H stream measured +44% (7.6 -> 10.9 ms), where S / (S + D) at S = 140 GB/s says +32%."""
         w = self.dram_dma_weight
         if w <= 0 or self.dram_dma is None:
             return None
@@ -309,6 +312,8 @@ class HostSpec:
                 return None
             copies = (self.dram_dma[3] - self.dram_teams[2]) / (1 - w)
             teams_beside = self.dram_dma[3] - copies
+            if copies <= 0:
+                return None
         return teams_beside / w if teams_beside > 0 else None
 
 
