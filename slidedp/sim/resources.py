@@ -47,10 +47,10 @@ Sharing rule, in stages, recomputed whenever a task starts or ends:
      lengthens each memory access, so a kernel's ceiling drops by the same fraction however
      little traffic it has of its own (a kernel held lower by a shared cap, e.g. a full
      host.mem, may lose less). The copies are not slowed by it, only by the caps they share.
-     nvidia-h200 2026-12-01: a lone update's 64 MiB chunks
-     took +44% beside a D2H stream of ~45 GB/s (64 MiB in ~1.5 ms), where S = 125-140 GB/s
-     gives +32-36%; the teams at their cap lost w = 0.35-0.51 of each copied byte (S = their
-     traffic beside the copies / w: 125-254 GB/s on four profiles).
+     nvidia-h200 2026-12-01: a lone update's 64 MiB chunks took +44% beside a D2H stream of
+     ~45 GB/s (64 MiB in ~1.5 ms), where S = 125-140 GB/s gives +32-36%; the teams at their cap
+     lost w = 0.31-0.51 of each copied byte (S = their traffic beside the copies / w: 125-254
+     GB/s on five profiles).
 The rule has no memory: rates depend only on the set of running tasks.
 """
 
