@@ -357,7 +357,8 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     assert hw.host.dram_dma_weight == 0.25 and doc["host"]["dram_dma_teams_gbps"] == 75
     assert "the teams' own part of dram_dma_gbps" in sources["dram_dma_teams_gbps"]
     assert hw.host.dma_slowdown_bps() == pytest.approx(75e9 / 0.25)
-    assert "a copied byte costing the teams 0.25 of one" in summary(req, res, hw, "rounds.toml")
+    assert ("a copied byte costing the teams 0.25 of one (copies of D GB/s cap each CPU kernel "
+            "at 300 / (300 + D) of its speed)") in summary(req, res, hw, "rounds.toml")
     # the host's spread at the team size: the kept rounds all read 10, so no spread
     assert doc["host"]["rate_range"] == {"adam": [1.0, 1.0], "cast": [1.0, 1.0]}
     assert f"at the executor's team size ({team_cores(machine.cores)} threads)" in sources[

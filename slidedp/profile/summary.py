@@ -61,6 +61,10 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
             line += f"; with {res.dram_dma[2]} GPU(s) copying both ways {res.dram_dma[3] / GB:.1f} GB/s"
             if res.dma_weight is not None:
                 line += f", a copied byte costing the teams {res.dma_weight:.2f} of one"
+            slowdown = spec.host.dma_slowdown_bps()
+            if slowdown is not None:
+                line += (f" (copies of D GB/s cap each CPU kernel at {slowdown / GB:.0f} / "
+                         f"({slowdown / GB:.0f} + D) of its speed)")
         parts.append(line)
     if res.cast_chunk_elems_per_s:
         chunks = sorted({c for c, _ in res.cast_chunk_elems_per_s})
