@@ -48,10 +48,7 @@ def main() -> int:
     args = ap.parse_args()
     m = probe_machine()
     team = team_cores(m.cores)
-    bench = quick_bench(m)
-    bench.adam_params_per_s(team)  # warm each kernel once at the team size
-    bench.cast_elems_per_s(team)
-    bench.warmup = 0
+    bench = quick_bench(m, warm_threads=team)
     series: dict[str, list[tuple[float, float]]] = {"adam": [], "cast": [], "teams": []}
     t0 = time.perf_counter()
     while (now := time.perf_counter() - t0) < args.seconds:
@@ -60,7 +57,7 @@ def main() -> int:
         series["teams"].append((time.perf_counter() - t0,
                                 bench.teams_bps(team, team, TEAMS_S_PER_ROUND)[0]))
     stats = {k: describe([r for _, r in v]) for k, v in series.items()}
-    doc = {"machine": f"{m.hostname} ({m.cpu_model}, {m.cores} cores, {m.gpus()}) {m.date}",
+    doc = {"machine": m.line(),
            "threads": team,
            "units": "adam params/s, cast elements/s, teams bytes/s", "stats": stats,
            "series": {k: [[round(t, 3), r] for t, r in v] for k, v in series.items()}}

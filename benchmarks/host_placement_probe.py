@@ -53,16 +53,13 @@ def main() -> int:
     team = team_cores(m.cores)
     sizes = [n * 2**20 for n in args.mib] if args.mib else [QUICK.host_bytes(m.llc_bytes,
                                                                                 m.ram_bytes)]
-    doc = {"machine": f"{m.hostname} ({m.cpu_model}, {m.cores} cores, {m.gpus()}) {m.date}",
+    doc = {"machine": m.line(),
            "threads": team, "units": "adam params/s, cast elements/s, teams bytes/s",
            "sets": {}}
     for kind, nbytes in ((k, n) for n in sizes for k in args.memory):
         sets = []
         for _ in range(args.sets):
-            bench = quick_bench(m, nbytes, MEMORY[kind])
-            bench.adam_params_per_s(team)  # warm: the first pass also faults pages in
-            bench.cast_elems_per_s(team)
-            bench.warmup = 0
+            bench = quick_bench(m, nbytes, MEMORY[kind], warm_threads=team)
             sets.append({"adam": [bench.adam_params_per_s(team) for _ in range(args.samples)],
                          "cast": [bench.cast_elems_per_s(team) for _ in range(args.samples)],
                          "teams": [bench.teams_bps(team, team, TEAMS_S_PER_ROUND)[0]

@@ -157,16 +157,23 @@ class HostBench:
 
 
 def quick_bench(m: Machine, nbytes: int | None = None,
-                state_memory: Callable[[int, torch.dtype], torch.Tensor] = private_shared
-                ) -> HostBench:
+                state_memory: Callable[[int, torch.dtype], torch.Tensor] = private_shared,
+                warm_threads: int | None = None) -> HostBench:
     """A HostBench as the quick profile samples the host of machine `m` (sizes.QUICK: its buffer
     size there unless `nbytes`, its warm-up and minimum sample time, one sample per call): for
-    the checks and probes that set their readings against a quick profile's."""
+    the checks and probes that set their readings against a quick profile's. With
+    `warm_threads`, AdamW and the cast run once at that thread count first (the first pass also
+    faults the pages in) and the samples after it take no warm-up of their own."""
     from slidedp.profile.sizes import QUICK
 
     if nbytes is None:
         nbytes = QUICK.host_bytes(m.llc_bytes, m.ram_bytes)
-    return HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s, state_memory)
+    bench = HostBench(nbytes, QUICK.warmup, 1, QUICK.host_sample_s, state_memory)
+    if warm_threads is not None:
+        bench.adam_params_per_s(warm_threads)
+        bench.cast_elems_per_s(warm_threads)
+        bench.warmup = 0
+    return bench
 
 
 MAX_CHUNK_REPEATS = 64

@@ -39,6 +39,10 @@ class Machine:
     def gpus(self) -> str:
         return f"{self.gpu_count}x {self.gpu_model}" if self.gpu_count else "no CUDA GPU"
 
+    def line(self) -> str:
+        """"<host> (<cpu>, <cores> cores, <gpus>) <date>": a probe's machine line."""
+        return f"{self.hostname} ({self.cpu_model}, {self.cores} cores, {self.gpus()}) {self.date}"
+
     def source(self, what: str) -> str:
         """"slidedp profile <date> on <host> (<cpu>, <gpus>): <what>"."""
         return f"slidedp profile {self.date} on {self.hostname} ({self.cpu_model}, {self.gpus()}): {what}"
