@@ -105,11 +105,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-ROUNDS_UNITS = ("copy, teams, teams cast (the cast team's part of teams), teams with dma: "
-                "bytes/s; cast, cast chunk: elements/s; adam, adam bf16 grad: parameters/s; "
-                "dma weight: bytes of the teams' traffic lost per copied byte; where: threads "
-                "(cast chunk: chunk BF16 bytes, threads; teams, teams cast: cast threads, update "
-                "threads; teams with dma, dma weight: cast threads, update threads, GPUs)")
+ROUNDS_UNITS = ("copy, teams, teams cast (the cast team's part of teams), teams with dma, "
+                "teams beside dma (the teams' part of teams with dma): bytes/s; cast, cast chunk: "
+                "elements/s; adam, adam bf16 grad: parameters/s; dma weight: bytes of the teams' "
+                "traffic lost per copied byte; where: threads (cast chunk: chunk BF16 bytes, "
+                "threads; teams, teams cast: cast threads, update threads; teams with dma, teams "
+                "beside dma, dma weight: cast threads, update threads, GPUs)")
 
 
 def rounds_path(out: str) -> Path:

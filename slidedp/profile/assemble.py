@@ -30,7 +30,14 @@ from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes, gpu_link_matrix, nv
 from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_ELEM
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
-from slidedp.profile.run import CAST_CHUNK, TEAMS_S_PER_ROUND, Request, Results
+from slidedp.profile.run import (
+    CAST_CHUNK,
+    TEAMS_ALONE,
+    TEAMS_S_PER_ROUND,
+    TEAMS_WITH_DMA,
+    Request,
+    Results,
+)
 from slidedp.profile.timing import Rounds, rounds_rule
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, GB, GIB, RANGE_KERNELS, HardwareSpec
@@ -365,7 +372,7 @@ class Assembler:
                 f"once for {TEAMS_S_PER_ROUND:g} s in each of the {s.host_rounds} rounds of "
                 "the host rates: (6 B x cast elements + 28 B x Adam parameters) / time, "
                 f"{rounds_rule(s.host_rounds)} of the rounds (they differed by up to "
-                f"{res.host_rounds.spread('teams'):.0%})")
+                f"{res.host_rounds.spread(TEAMS_ALONE):.0%})")
             t["sources"]["dram_teams_cast_gbps"] = m.source(
                 "measured: the cast team's own part of dram_teams_gbps, 6 B x cast elements / "
                 f"time, {rounds_rule(s.host_rounds)} of the rounds (the rest is the update team's; "
@@ -380,7 +387,7 @@ class Assembler:
                 f"{s.host_rounds} runs of {TEAMS_S_PER_ROUND:g} s, each on fresh buffers: (the "
                 "teams' bytes + the copies' bytes) / time, all host-memory traffic of the "
                 f"executor's mix, {rounds_rule(s.host_rounds)} of the runs (they differed by up to "
-                f"{res.host_rounds.spread('teams with dma'):.0%})")
+                f"{res.host_rounds.spread(TEAMS_WITH_DMA):.0%})")
         if res.dma_weight is not None:
             t["dram_dma_weight"] = g4(res.dma_weight)
             t["sources"]["dram_dma_weight"] = m.source(

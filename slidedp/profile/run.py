@@ -32,7 +32,10 @@ SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the 
 MAX_SUSTAINED_ITERS = 5000
 HOST_KERNELS = ("copy", "cast", "adam", "adam bf16 grad")  # Results.host_rounds' kernel names
 CAST_CHUNK = "cast chunk"  # ... the cast by chunk size's
-TEAMS = ("teams", "teams with dma")  # ... the teams-at-once runs' totals ("teams cast": its part)
+TEAMS_ALONE, TEAMS_WITH_DMA = "teams", "teams with dma"  # ... the teams-at-once runs' totals
+TEAMS = (TEAMS_ALONE, TEAMS_WITH_DMA)
+TEAMS_CAST, TEAMS_BESIDE_DMA = "teams cast", "teams beside dma"  # ... the cast's, theirs
+DMA_WEIGHT = "dma weight"  # ... each teams-with-DMA run's dma_weight_sample
 TEAMS_S_PER_ROUND = 0.25  # one round's teams-at-once run: 1.75 s over the quick profile's 7
 
 COLLECTIVE_TIMEOUT_S = 300
@@ -165,7 +168,7 @@ class Profiler:
                 r.host_rounds.add((kernel, n), rate(n))
 
         team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
-        teams_keys = (("teams", team, team), ("teams cast", team, team))
+        teams_keys = ((TEAMS_ALONE, team, team), (TEAMS_CAST, team, team))
 
         def teams():
             for key, bps in zip(teams_keys,
@@ -261,8 +264,8 @@ class Profiler:
         team = team_cores(self.m.cores)
 
         def teams_and_dma():
-            key, weight = ("teams with dma", team, team, gpus), ("dma weight", team, team, gpus)
-            beside = ("teams beside dma", team, team, gpus)
+            key, beside, weight = ((k, team, team, gpus)
+                                   for k in (TEAMS_WITH_DMA, TEAMS_BESIDE_DMA, DMA_WEIGHT))
             for _ in range(s.host_rounds):
                 self._alloc_host()  # fresh buffers each run, as the rounds (timing.Rounds)
                 alone = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND)[2]  # paired: the
