@@ -280,6 +280,11 @@ def _calibrated(calibrate: Calibrate, reference: Plan, names: list[str], notes: 
     return out, longest
 
 
+def _setup_s(probe: Probe) -> float:
+    """The probe's one-off setup seconds so far (its `setup_s`; 0 for a probe without one)."""
+    return getattr(probe, "setup_s", 0.0)
+
+
 def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
              deadline: float | None, after: int = 1) -> tuple[list[Finalist], int, float]:
     """Measure the finalists' routes (all `layer`) in the order given (best simulated first);
@@ -299,9 +304,9 @@ def _confirm(probe: Probe, finalists: list[Finalist], notes: list[str],
                 time.perf_counter() + (1 + after) * longest > deadline):
             notes.append(f"finalist {f.label()} not probed: the selection's time limit")
             continue
-        t, setup = time.perf_counter(), getattr(probe, "setup_s", 0.0)
+        t, setup = time.perf_counter(), _setup_s(probe)
         out.append(replace(f, route=replace(f.route, measured_s=probe(f.route.plan))))
-        longest = max(longest, time.perf_counter() - t - (getattr(probe, "setup_s", 0.0) - setup))
+        longest = max(longest, time.perf_counter() - t - (_setup_s(probe) - setup))
     kept = [f for f in out if f.route.measured_s is not None]
     for f in out:
         if f.route.measured_s is None:
@@ -391,7 +396,7 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
         tried.update(picked)
         costs, longest = _calibrated(calibrate, routes[0].plan, picked, rep.notes,
                                      calibrated_by, longest,
-                                     lambda: getattr(probe, "setup_s", 0.0))
+                                     lambda: _setup_s(probe))
         measured |= costs
         lap("policy costs measured")
         finalists = solved()
