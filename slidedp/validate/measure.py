@@ -66,7 +66,8 @@ def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, dis
         if runs > 1 and per_run:  # a failed later run may have overwritten some cases: every
             # case gets the runs that completed, and says how many
             for c in group:
-                merge_runs(root / c.name, [r[c.name] for r in per_run], runs)
+                store.write_json(root / c.name / store.MEASURED,
+                                 store.merged_runs([r[c.name] for r in per_run], runs))
     return failed
 
 
@@ -103,8 +104,3 @@ def _measure_group(group: list[Case], root: Path, device: str, iters: int, disca
         rc = launch(R, argv, env={"OMP_NUM_THREADS": "1"} | dict(os.environ),
                     timeout_s=RANK_TIMEOUT_S)
     return rc == 0
-
-
-def merge_runs(folder: Path, runs: list[dict], asked: int) -> None:
-    """The case's measured.json from its completed runs' (in order) of the `asked`."""
-    store.write_json(folder / store.MEASURED, store.merged_runs(runs, asked))
