@@ -311,9 +311,9 @@ class HostSpec:
             if self.dram_teams is None or w >= 1:
                 return None
             copies = (self.dram_dma[3] - self.dram_teams[2]) / (1 - w)
-            teams_beside = self.dram_dma[3] - copies
             if copies <= 0:
                 return None
+            teams_beside = self.dram_dma[3] - copies
         return teams_beside / w if teams_beside > 0 else None
 
 
@@ -363,6 +363,11 @@ class HardwareSpec:
     def source_of(self, section: str, key: str) -> str:
         return getattr(self, section).sources[key]
 
+    def with_host_rates(self, label: str, adam: float = 1.0, cast: float = 1.0) -> HardwareSpec:
+        """This hardware, named "<name> (<label>)", with HostSpec.with_rates(adam, cast)."""
+        return replace(self, name=f"{self.name} ({label})",
+                       host=self.host.with_rates(adam=adam, cast=cast))
+
     def host_corners(self) -> tuple[HardwareSpec, HardwareSpec] | None:
         """(slow, fast): this hardware with its AdamW and cast at the slowest and at the
         fastest of the profile's rounds (host.rate_range), None where the file has no range.
@@ -371,8 +376,7 @@ class HardwareSpec:
         if not r:
             return None
         adam, cast = r.get("adam", (1.0, 1.0)), r.get("cast", (1.0, 1.0))
-        slow, fast = (replace(self, name=f"{self.name} ({which} host rounds)",
-                              host=self.host.with_rates(adam=adam[i], cast=cast[i]))
+        slow, fast = (self.with_host_rates(f"{which} host rounds", adam[i], cast[i])
                       for i, which in enumerate(("slowest", "fastest")))
         return slow, fast
 

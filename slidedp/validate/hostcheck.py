@@ -26,7 +26,6 @@ profile's buffers read as the state did.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from slidedp.spec.hardware import HardwareSpec
 
@@ -132,5 +131,4 @@ def against_profile(check: dict, hw: HardwareSpec) -> dict[str, float]:
 def at_state_adam(hw: HardwareSpec, ratio: float) -> HardwareSpec:
     """`hw` with its AdamW curves (FP32 and BF16 gradient) scaled by `ratio`, the state check's
     AdamW over the file's (module docstring); the rest as HostSpec.with_rates leaves it."""
-    return replace(hw, name=f"{hw.name} at the state's AdamW x{ratio:.3f}",
-                   host=hw.host.with_rates(adam=ratio))
+    return hw.with_host_rates(f"at the state's AdamW x{ratio:.3f}", adam=ratio)
