@@ -110,6 +110,7 @@ class FluidShare:
 
     def start(self, f: Flow) -> None:
         self._advance()
+        f.copy_bps = 0.0 if f.pool >= 0 else sum(d for j, d in f.uses if j == self.copy_traffic)
         self.flows.append(f)
         if self.slowed == 0 and self._fits(f):
             f.speed, f.cap, f.cores = 1.0, 1.0, f.threads
@@ -122,14 +123,10 @@ class FluidShare:
         if f.pool >= 0 and self.pool_threads[f.pool] + f.threads > self.pools[f.pool]:
             return False
         if self.slowdown_bps > 0 and self.running["copy" if f.pool >= 0 else "cpu"] and (
-                f.pool >= 0 or self._copy_bps(f) > 0):
+                f.pool >= 0 or f.copy_bps > 0):
             return False  # a CPU flow beside a copy: both kinds slow it (_slow_cpu_beside_copies)
         cap, load = self.capacity, self.load
         return all(load[j] + d <= cap[j] * (1 + REL_EPS) for j, d in f.uses)
-
-    def _copy_bps(self, f: Flow) -> float:
-        """A copy's host-memory bytes/s at full speed (0 for a CPU flow or a GPU-only one)."""
-        return 0.0 if f.pool >= 0 else sum(d for j, d in f.uses if j == self.copy_traffic)
 
     def _add_load(self, f: Flow, sign: float) -> None:
         for j, d in f.uses:
@@ -137,7 +134,7 @@ class FluidShare:
         if f.pool >= 0:
             self.pool_threads[f.pool] += sign * f.threads
             self.running["cpu"] += int(sign)
-        elif self._copy_bps(f) > 0:
+        elif f.copy_bps > 0:
             self.running["copy"] += int(sign)
 
     def _slow_cpu_beside_copies(self) -> None:
@@ -147,7 +144,7 @@ class FluidShare:
         at the low end, >= 0 at 1); found by regula falsi (Illinois), each step one fill, to
         SLOWDOWN_TOL in k (a plain iteration can crawl: ~0.9 a step where host.mem binds)."""
         cpu = [f for f in self.flows if f.pool >= 0]
-        copies = [(f, self._copy_bps(f)) for f in self.flows if self._copy_bps(f) > 0]
+        copies = [(f, f.copy_bps) for f in self.flows if f.copy_bps > 0]
         if not cpu or not copies:
             return
         ceilings, capacity, s_bps = [f.cap for f in cpu], list(self.capacity), self.slowdown_bps

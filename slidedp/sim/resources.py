@@ -85,6 +85,7 @@ class Flow:
     speed: float = 1.0
     cores: float = 0.0  # cores held now
     core_s: float = 0.0  # core-seconds held so far
+    copy_bps: float = 0.0  # a copy's host-memory bytes/s at full speed (set by FluidShare.start)
     done: object = field(default=None, repr=False)  # the simpy event fired at completion
 
     def __post_init__(self):
