@@ -46,6 +46,9 @@
 #   bash benchmarks/next_gpu_session.sh h200-threads OUT # nvidia-h200 (~4 min): per-chunk AdamW at
 #                                                      #   8 / 12 / 16 threads against the executor's
 #                                                      #   update at each team size (4B mb 2)
+#   bash benchmarks/next_gpu_session.sh h200-matrix OUT GLOB [BUDGET_S] # nvidia-h200: the
+#                                                      #   matrix cases matching GLOB by the protocol
+#                                                      #   on this lease's profile, within BUDGET_S
 # Left after the 2026-12-01 21:49-22:53 calls (profiles now measure the DMA weight and the teams
 # beside the copies, and the simulator slows each CPU kernel beside copies by S / (S + D): lease
 # B's seven 4B and 8B cases 3.5% mean, 9.7% max: benchmarks/RESULTS.md), in order:
@@ -276,6 +279,28 @@ h200-threads)  # nvidia-h200 (~4 min): is the executor's slow update CPU-side (t
         "$C:update_threads=16" --iters 10 --discard 5 --traces "$OUT/traces"
     tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"
     probes after ;;
+h200-matrix)  # nvidia-h200: the cases of validation/cases-h200-matrix.toml whose names match
+    # GLOB, by the protocol (10 steps, mean of 6-10, two runs, each on a host state of its own),
+    # predicted on this lease's profile: made on the first call of a lease (Qwen3-4B and -8B
+    # layers at every micro-batch of the matrix) and kept in .devkeep/ for the next call on the
+    # same machine; validate stops at BUDGET_S (default 540) seconds of the call, keeping the
+    # cases measured by then
+    start=$SECONDS
+    P=.devkeep/h200-profile.toml
+    if [ ! -f "$P" ]; then
+        mkdir -p .devkeep
+        python3 -m slidedp.cli profile --out "$P" --base h200x1 --model qwen3-4b qwen3-8b \
+            --micro-batch 1 2 4 6 8 --quick --name "h200-profile-$(date +%H%M)" \
+            > "$OUT/profile.log" 2>&1 || { tail -5 "$OUT/profile.log"; rm -f "$P"; exit 1; }
+        cp "$P" "$OUT/h200-profile.toml"
+        cp "${P%.toml}.rounds.json" "$OUT/h200-profile.rounds.json" 2>/dev/null || true
+    fi
+    grep -a "^name = " "$P"
+    timeout $(( ${4:-540} - (SECONDS - start) )) python3 -m slidedp.cli validate --hardware "$P" \
+        --cases validation/cases-h200-matrix.toml --select "$3" --machine nvidia-h200 \
+        --out "$OUT/val" --iters 10 --discard 5 --runs 2 2>&1 | grep -av "it/s\|step/s" | tail -25 \
+        || echo "validate stopped"
+    tar czf "$OUT/val.tgz" -C "$OUT" val && rm -rf "$OUT/val" ;;
 mem-kind)  # any H200 (~1 min): AdamW, cast and copy on /dev/shm mappings (the host state's and,
     # since 2026-12-01 13:40, the profile's memory) against anonymous memory (earlier profiles'),
     # alternating; with the huge-page modes (the 13:09 lease's profile measured AdamW 44% faster
@@ -293,6 +318,6 @@ x4)  # nvidia-h200-x4, one call: profile (teams with every GPU's DMA: the host.m
     STAGES=routes MODELS=qwen3-8b bash benchmarks/scaling_x4x8.sh 4 "$OUT"
     STAGES=scale RANKS=2 MODELS=qwen3-14b bash benchmarks/scaling_x4x8.sh 4 "$OUT" ;;
 *)
-    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|h200-drift|h200-update|h200-threads|rows|x4 OUT" >&2
+    echo "usage: $0 x2|14b|8b-gb32|loss|h200|h200-rows|x2-val|h200-ratio|h200-widen|chunk-cost|probe-state|ap|h200-val|adam-llc|ap-confirm|mem-kind|h200-drift|h200-update|h200-threads|h200-matrix|rows|x4 OUT" >&2
     exit 2 ;;
 esac
