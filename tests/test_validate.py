@@ -96,30 +96,77 @@ def test_cli_bad_cases_is_one_line_exit_2(tmp_path, capsys):
     assert err.count("\n") == 0 and str(f) in err and "case[0].gpus" in err
 
 
+def _fake_runs(monkeypatch, name: str, stop):
+    """measure._measure_group replaced by runs that each write `name`'s figures (step time = the
+    run's number) into the file they are given; `stop(run)` says how run `run` ends: True
+    (completed), False (its ranks failed) or an exception to raise (the process stopped)."""
+    from slidedp.validate import measure as measure_mod
+
+    calls = []
+
+    def fake(group, root, device, iters, discard, machine, command, file):
+        calls.append(file)
+        (root / name).mkdir(parents=True, exist_ok=True)
+        store.write_json(root / name / file, {
+            "step_time_s": 1.0 * len(calls), "all_steps_s": [len(calls)], "tokens_per_s": 100.0,
+            "notes": []})
+        end = stop(len(calls))
+        if isinstance(end, BaseException):
+            raise end
+        return end
+
+    monkeypatch.setattr(measure_mod, "_measure_group", fake)
+    return calls
+
+
 def test_a_failed_later_run_leaves_the_completed_runs(tmp_path, monkeypatch):
-    """Run 1 completes, run 2 dies partway (one case overwritten): the group is reported failed
-    and every case holds run 1's figures, saying one of two runs failed."""
+    """Run 1 completes, run 2's ranks fail after writing a case: the group is reported failed,
+    measured.json holds run 1's figures and says one of two runs did not complete, and run 2's
+    file stays beside it."""
     from slidedp.validate import measure as measure_mod
 
     cases = parse_cases(tomllib.loads(TINY), "t")[:1]
     name = cases[0].name
-    calls = []
-
-    def fake(group, root, *args):
-        calls.append(1)
-        (root / name).mkdir(parents=True, exist_ok=True)
-        store.write_json(root / name / store.MEASURED, {
-            "step_time_s": 1.0 * len(calls), "all_steps_s": [len(calls)], "tokens_per_s": 100.0,
-            "notes": []})
-        return len(calls) == 1
-
-    monkeypatch.setattr(measure_mod, "_measure_group", fake)
+    calls = _fake_runs(monkeypatch, name, lambda run: run == 1)
     failed = measure_mod.measure_cases(cases, tmp_path, device="cpu", iters=2, discard=1,
                                        machine="ci", command="c", runs=2)
-    assert failed == [name] and len(calls) == 2
+    assert failed == [name] and calls == [store.run_measured(1), store.run_measured(2)]
     meas = store.read_json(tmp_path / name / store.MEASURED)
     assert meas["run_step_times_s"] == [1.0] and meas["step_time_s"] == 1.0
-    assert "1 of the 2 runs failed" in meas["notes"][-1]
+    assert "1 of the 2 runs did not complete" in meas["notes"][-1]
+    assert not (tmp_path / name / store.run_measured(1)).exists()  # merged, then removed
+    assert store.read_json(tmp_path / name / store.run_measured(2))["step_time_s"] == 2.0
+
+
+def test_a_stopped_validation_loses_no_completed_run(tmp_path, monkeypatch):
+    """Stopped (a time limit's signal) during run 3 of 3: measured.json already holds runs 1 and
+    2 merged, and the stopped run's finished case is in its own file."""
+    from slidedp.validate import measure as measure_mod
+
+    cases = parse_cases(tomllib.loads(TINY), "t")[:1]
+    name = cases[0].name
+    _fake_runs(monkeypatch, name, lambda run: run < 3 or KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        measure_mod.measure_cases(cases, tmp_path, device="cpu", iters=2, discard=1,
+                                  machine="ci", command="c", runs=3)
+    meas = store.read_json(tmp_path / name / store.MEASURED)
+    assert meas["run_step_times_s"] == [1.0, 2.0] and meas["step_time_s"] == 1.5
+    assert "1 of the 3 runs did not complete" in meas["notes"][-1]
+    assert store.read_json(tmp_path / name / store.run_measured(3))["step_time_s"] == 3.0
+
+
+def test_one_run_writes_measured_json_itself(tmp_path, monkeypatch):
+    """With one run there is nothing to merge: the run writes measured.json, with its host check."""
+    from slidedp.validate import measure as measure_mod
+
+    cases = parse_cases(tomllib.loads(TINY), "t")[:1]
+    name = cases[0].name
+    calls = _fake_runs(monkeypatch, name, lambda run: True)
+    assert measure_mod.measure_cases(cases, tmp_path, device="cpu", iters=2, discard=1,
+                                     machine="ci", command="c", runs=1) == []
+    meas = store.read_json(tmp_path / name / store.MEASURED)
+    assert calls == [store.MEASURED] and meas["step_time_s"] == 1.0 and "host_check" in meas
+    assert "run_step_times_s" not in meas
 
 
 def test_host_check_against_the_profile():

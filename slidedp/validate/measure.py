@@ -7,7 +7,10 @@ still run. With `runs` > 1 the group runs that many times, each on a host state 
 (method.md section 10: average over 2 runs): a case's step time is the mean of the runs' (each
 run's in `run_step_times_s`, its steps in `run_all_steps_s`); its channel seconds, trace and
 memory figures are the last run's. Each run starts with a host check (validate/hostcheck.py),
-kept in the cases' measured.json (`host_check`; every run's in `run_host_checks`).
+kept in the cases' measured.json (`host_check`; every run's in `run_host_checks`). Of several
+runs, each writes its figures to a file of its own (store.run_measured), merged into measured.json
+as soon as the run has completed (and then removed): a validation stopped or failed partway keeps
+every completed run in measured.json and the stopped run's finished cases in their run file.
 """
 
 from __future__ import annotations
@@ -54,20 +57,20 @@ def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, dis
     failed: list[str] = []
     for group in groups(cases):
         per_run = []
-        for _ in range(runs):
+        for run in range(1, runs + 1):
+            name = store.MEASURED if runs == 1 else store.run_measured(run)
             check = checked_host()
-            if not _measure_group(group, root, device, iters, discard, machine, command):
+            if not _measure_group(group, root, device, iters, discard, machine, command, name):
                 failed += [c.name for c in group]
                 break
-            per_run.append({c.name: with_check(store.read_json(root / c.name / store.MEASURED),
-                                               check) for c in group})
+            per_run.append({c.name: with_check(store.read_json(root / c.name / name), check)
+                            for c in group})
             for c in group:
-                store.write_json(root / c.name / store.MEASURED, per_run[-1][c.name])
-        if runs > 1 and per_run:  # a failed later run may have overwritten some cases: every
-            # case gets the runs that completed, and says how many
-            for c in group:
+                done = [r[c.name] for r in per_run]
                 store.write_json(root / c.name / store.MEASURED,
-                                 store.merged_runs([r[c.name] for r in per_run], runs))
+                                 done[0] if runs == 1 else store.merged_runs(done, runs))
+                if name != store.MEASURED:
+                    (root / c.name / name).unlink()
     return failed
 
 
@@ -88,19 +91,19 @@ def checked_host() -> dict:
 
 
 def _measure_group(group: list[Case], root: Path, device: str, iters: int, discard: int,
-                   machine: str, command: str) -> bool:
-    """One run of a group (in this process for one GPU, through torchrun for R); False if its
-    rank processes failed."""
+                   machine: str, command: str, name: str) -> bool:
+    """One run of a group (in this process for one GPU, through torchrun for R), each case's
+    figures into the file `name` of its folder; False if its rank processes failed."""
     R = group[0].gpus
     if R == 1:
-        run_group(group, root, run_meta(device, iters, discard, machine, command))
+        run_group(group, root, run_meta(device, iters, discard, machine, command), name=name)
         return True
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "group.toml"
         spec.write_text("\n".join(case_toml(c) for c in group))
         argv = ["-m", "slidedp.validate.worker", "--cases", str(spec), "--out", str(root),
                 "--device", device, "--iters", str(iters), "--discard", str(discard),
-                "--machine", machine, "--command", command]
+                "--machine", machine, "--command", command, "--measured-name", name]
         rc = launch(R, argv, env={"OMP_NUM_THREADS": "1"} | dict(os.environ),
                     timeout_s=RANK_TIMEOUT_S)
     return rc == 0

@@ -25,6 +25,12 @@ OVERLAY = "overlay.png"
 SUMMARY_MD, SUMMARY_CSV = "SUMMARY.md", "summary.csv"
 
 
+def run_measured(run: int) -> str:
+    """The file one run (1, 2, ...) of several writes its figures to, until measure.py has merged
+    them into measured.json: a run stopped partway leaves its finished cases there."""
+    return f"measured.run{run}.json"
+
+
 def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
@@ -79,7 +85,7 @@ def merged_runs(runs: list[dict], asked: int) -> dict:
     note = (f"step_time_s: the mean of {len(runs)} runs (run_step_times_s); channel_s, the "
             "trace, GPU peak and host PSS: the last run")
     if len(runs) < asked:
-        note += f"; {asked - len(runs)} of the {asked} runs failed"
+        note += f"; {asked - len(runs)} of the {asked} runs did not complete (failed or stopped)"
     return last | {
         "step_time_s": step,
         "tokens_per_s": last["tokens_per_s"] * last["step_time_s"] / step,
