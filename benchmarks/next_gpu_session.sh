@@ -49,13 +49,14 @@
 #   bash benchmarks/next_gpu_session.sh h200-matrix OUT GLOB [BUDGET_S] # nvidia-h200: the
 #                                                      #   matrix cases matching GLOB by the protocol
 #                                                      #   on this lease's profile, within BUDGET_S
-# Left after the 2026-12-01 21:49-22:53 calls (profiles now measure the DMA weight and the teams
-# beside the copies, and the simulator slows each CPU kernel beside copies by S / (S + D): lease
-# B's seven 4B and 8B cases 3.5% mean, 9.7% max: benchmarks/RESULTS.md), in order:
-# `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on a profile with the DMA weight;
-# then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4` and `ap-confirm` on the x2 (issue 8 on the
-# second kind); `x4` / x8 when lent (issue 7); on any H200, `h200-drift` again (another lease of
-# the host-bound cases).
+# Left after the 2026-12-02 00:13-00:41 calls (the 12-configuration h200 matrix on one lease:
+# simulated 4.3% mean, 12.7% max; its 4B host-bound cases at 256 MiB over-predicted by 9-13%,
+# the executor 10% faster there than at 64 MiB while the simulator predicts both alike:
+# benchmarks/RESULTS.md), in order: on any H200, the profile's teams-at-once run with the
+# executor's chunking (64 and 256 MiB kernels, not 600 MiB loops) and the D2H's per-copy loss
+# beside the update, then `h200-matrix` again; `x2-val` when nvidia-h200-x2 is lent (issue 6:
+# the x2 matrix on a profile with the DMA weight; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b
+# ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind); `x4` / x8 when lent (issue 7).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
