@@ -119,7 +119,7 @@ def _fake_runs(monkeypatch, name: str, stop):
     return calls
 
 
-def test_a_failed_later_run_leaves_the_completed_runs(tmp_path, monkeypatch):
+def test_a_failed_later_run_leaves_the_completed_runs(tmp_path, monkeypatch, capsys):
     """Run 1 completes, run 2's ranks fail after writing a case: the group is reported failed,
     measured.json holds run 1's figures and says one of two runs did not complete, and run 2's
     file stays beside it."""
@@ -130,6 +130,7 @@ def test_a_failed_later_run_leaves_the_completed_runs(tmp_path, monkeypatch):
     calls = _fake_runs(monkeypatch, name, lambda run: run == 1)
     failed = measure_mod.measure_cases(cases, tmp_path, device="cpu", iters=2, discard=1,
                                        machine="ci", command="c", runs=2)
+    assert f"run 2 of 2: {name}" in capsys.readouterr().out
     assert failed == [name] and calls == [store.run_measured(1), store.run_measured(2)]
     meas = store.read_json(tmp_path / name / store.MEASURED)
     assert meas["run_step_times_s"] == [1.0] and meas["step_time_s"] == 1.0
@@ -280,6 +281,7 @@ def test_cli_select_measures_only_the_matching_cases(tmp_path, monkeypatch, caps
             "--device", "cpu"]
     main([*argv, "--select", "*-r2"])
     assert ran == [(["tiny-r2"], ran[0][1])] and "--select '*-r2'" in ran[0][1]
+    assert "1 case(s), 2 run(s) each: tiny-r2\n" in capsys.readouterr().out  # said before it runs
     assert main([*argv, "--select", "nothing*"]) == 2
     assert len(ran) == 1 and "--select" in capsys.readouterr().err
 

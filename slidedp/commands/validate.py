@@ -107,6 +107,8 @@ def measure(a: argparse.Namespace, root: Path) -> list[str]:
             raise SpecError(a.cases, f"case[{i}].{e.field}", e.expected) from None
     cmd = command_line(a)
     print(cmd, flush=True)
+    print(f"{len(cases)} case(s), {a.runs} run(s) each: {', '.join(c.name for c in cases)}",
+          flush=True)
     failed = measure_cases(cases, root, device=a.device, iters=a.iters, discard=a.discard,
                            machine=a.machine, command=cmd, runs=a.runs)
     for c in cases:

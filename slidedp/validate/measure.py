@@ -59,6 +59,8 @@ def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, dis
         per_run = []
         for run in range(1, runs + 1):
             name = store.MEASURED if runs == 1 else store.run_measured(run)
+            if runs > 1:
+                print(f"run {run} of {runs}: {', '.join(c.name for c in group)}", flush=True)
             check = checked_host()
             if not _measure_group(group, root, device, iters, discard, machine, command, name):
                 failed += [c.name for c in group]
