@@ -6,8 +6,7 @@ import argparse
 
 from slidedp.spec.hardware import hardware_presets, load_hardware
 from slidedp.spec.model import load_model, model_presets
-
-GIB = 2**30
+from slidedp.spec.units import GIB
 
 
 def register(sub) -> None:

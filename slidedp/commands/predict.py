@@ -7,8 +7,7 @@ import json
 
 from slidedp.commands.common import add_plan_options, add_workload_options, describe, resolve
 from slidedp.model.predict import Prediction, predict
-
-GIB = 2**30
+from slidedp.spec.units import GIB
 
 
 def register(sub) -> None:

@@ -32,10 +32,9 @@ from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
 from slidedp.spec.segments import policy_cost
+from slidedp.spec.units import GIB, MIB
 from slidedp.spec.workload import Workload
 
-GIB = 2**30
-MIB = 2**20
 LOSS_CHUNK_TOKENS = 2048
 GPU_RUNTIME_BYTES = 1.5 * GIB  # estimate: CUDA context, cuBLAS workspace, allocator slack
 HOST_RUNTIME_BYTES_PER_RANK = 3 * GIB  # estimate: python + torch + CUDA runtime per process

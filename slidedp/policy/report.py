@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 from slidedp.policy.routes import Scored
 from slidedp.spec.plan import Plan
-
-GIB = 2**30
+from slidedp.spec.units import GIB
 
 
 def _route(p: Plan) -> str:

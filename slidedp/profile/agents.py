@@ -34,7 +34,7 @@ import torch
 from slidedp.exec.engine import Engine
 from slidedp.exec.template import Template
 from slidedp.graph.timeline import Record
-from slidedp.spec.hardware import AGENT_GAP_KINDS
+from slidedp.spec.host import AGENT_GAP_KINDS
 from slidedp.spec.model import first_layers_config, parse_hf_config
 from slidedp.spec.plan import ParamRoute, Plan
 from slidedp.spec.workload import Workload

@@ -40,10 +40,11 @@ from slidedp.profile.run import (
 )
 from slidedp.profile.timing import Rounds, rounds_rule
 from slidedp.spec.errors import SpecError
-from slidedp.spec.hardware import COLLECTIVES, GB, GIB, RANGE_KERNELS, HardwareSpec
+from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
+from slidedp.spec.host import RANGE_KERNELS
 from slidedp.spec.plan import Plan, team_cores
+from slidedp.spec.units import GB, GIB, MIB
 
-MIB = 2**20
 GPU_KEYS = ("count", "hbm_gib", "hbm_gbps", "peak_bf16_tflops", "achieved")
 PCIE_KEYS = ("h2d_gbps", "d2h_gbps", "duplex_gbps", "all_h2d_gbps", "all_d2h_gbps",
              "all_total_gbps")

@@ -24,7 +24,6 @@ import torch
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
 from slidedp.profile.timing import cuda_median_s, median_s, run_together, wall_median_s
 
-MIB = 2**20
 DIRECTIONS = ("h2d", "d2h")
 
 

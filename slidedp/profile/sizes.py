@@ -22,9 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slidedp.spec.plan import Plan
-
-MIB = 2**20
-GIB = 2**30
+from slidedp.spec.units import GIB, MIB
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,8 @@ from slidedp.profile.agents import LAYERS
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes
 from slidedp.profile.run import CAST_CHUNK, HOST_KERNELS, TEAMS, Request, Results
 from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
+from slidedp.spec.units import GB, MIB
 
-GB = 1e9
-MIB = 2**20
 UNSTEADY = 0.10  # a host rate whose rounds differ by more than this gets a warning
 
 

@@ -23,9 +23,8 @@ from slidedp.sim.engine import SimConfig
 from slidedp.sim.simulator import simulate_graph
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.model import load_model
+from slidedp.spec.units import MIB
 from slidedp.spec.workload import Workload
-
-MIB = 2**20
 
 
 class GraphSketch:

@@ -18,8 +18,6 @@ from slidedp.sim.result import SimResult
 from slidedp.spec.plan import Plan
 from slidedp.spec.workload import Workload
 
-GIB = 2**30
-
 
 def to_json(res: SimResult, wl: Workload, plan: Plan) -> dict:
     step, c = res.step_time_s, res.compute_s

@@ -17,9 +17,8 @@ from slidedp.sim.simulator import simulate
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
+from slidedp.spec.units import MIB
 from slidedp.spec.workload import Workload
-
-MIB = 2**20
 
 
 def naive_plan(model: str) -> Plan:

@@ -7,6 +7,8 @@ stays at the last value (saturation), below the first point it stays at the firs
 from __future__ import annotations
 
 import bisect
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from slidedp.spec.errors import SpecError
@@ -52,3 +54,16 @@ class RateCurve:
         if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
             raise SpecError(where, field, "x values strictly increasing")
         return RateCurve(tuple(xs), tuple(ys), unit, source)
+
+
+def log_between(keys: list[float], x: float, value: Callable[[float], float]) -> float:
+    """value(x) from its values at sorted `keys`: linear in log x between the two keys around x,
+    clamped at the first and last key (the measured range)."""
+    if x <= keys[0]:
+        return value(keys[0])
+    if x >= keys[-1]:
+        return value(keys[-1])
+    i = bisect.bisect_right(keys, x)
+    k0, k1 = keys[i - 1], keys[i]
+    w = (math.log(x) - math.log(k0)) / (math.log(k1) - math.log(k0))
+    return (1 - w) * value(k0) + w * value(k1)

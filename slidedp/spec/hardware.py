@@ -3,6 +3,8 @@
 Loaded from TOML (a preset name under slidedp/presets/hardware/ or a file). Every number carries a
 source: each section has a `source` string and may override it per field in a `sources` sub-table
 (`[pcie.sources] h2d_gbps = "..."`). Rates are converted once at load to bytes/s, FLOP/s, elements/s.
+The host's spec and its table's parsing are in slidedp/spec/host.py; the schema of every table is
+here.
 
 Schema (units in names):
   [hardware]  name, description
@@ -49,35 +51,19 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 
-from slidedp.spec.curves import RateCurve
+from slidedp.spec.curves import RateCurve, log_between
 from slidedp.spec.errors import SpecError
-from slidedp.spec.model import BF16
-from slidedp.spec.tomlio import Table, read_toml
+from slidedp.spec.host import HostSpec, parse_host
+from slidedp.spec.tomlio import Table, read_toml, sources_of, triples
+from slidedp.spec.units import GB, GIB, MIB
 
-GB = 1e9
-GIB = 2**30
-MIB = 2**20
 FABRIC_KINDS = ("pcie", "nvlink-pairs", "nvswitch")
 COLLECTIVES = ("all_gather", "reduce_scatter", "reduce", "all_reduce")
-
-
-def log_between(keys: list[float], x: float, value: Callable[[float], float]) -> float:
-    """value(x) from its values at sorted `keys`: linear in log x between the two keys around x,
-    clamped at the first and last key (the measured range)."""
-    if x <= keys[0]:
-        return value(keys[0])
-    if x >= keys[-1]:
-        return value(keys[-1])
-    i = bisect.bisect_right(keys, x)
-    k0, k1 = keys[i - 1], keys[i]
-    w = (math.log(x) - math.log(k0)) / (math.log(k1) - math.log(k0))
-    return (1 - w) * value(k0) + w * value(k1)
 
 
 @dataclass(frozen=True)
@@ -176,148 +162,6 @@ class PcieSpec:
 
 
 @dataclass(frozen=True)
-class HostSpec:
-    cores: int
-    ram_bytes: float
-    dram_bps: float
-    cast_elems_per_s: RateCurve  # against threads
-    adam_params_per_s: RateCurve  # against threads
-    adam_dram_bytes_per_param: float
-    cast_dram_bytes_per_elem: float
-    sources: MappingProxyType
-    # (chunk elements, elem/s against threads), by chunk; () when the file has no such table
-    cast_chunk: tuple[tuple[float, RateCurve], ...] = ()
-    # (cast threads, update threads, DRAM bytes/s) of the two teams at once; None: not measured
-    dram_teams: tuple[float, float, float] | None = None
-    # the cast team's bytes/s in that run; None: not measured (profiles before 2026-12-01 01:50)
-    dram_teams_cast_bps: float | None = None
-    # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
-    # measured
-    dram_dma: tuple[float, float, float, float] | None = None
-    # the teams' traffic lost per copied byte, measured beside dram_dma against the teams alone
-    # on the same buffers: with dram_dma_teams_bps (or the totals) it gives dma_slowdown_bps,
-    # else each DMA byte draws this share of a byte of the CPU kernels' cap (graph/costs.py); 0
-    # where not measured (profiles before 2026-12-01 21:00, presets: the DMA draws only on
-    # memory_bps). On nvidia-h200-x4 the teams kept their traffic beside four
-    # GPUs' copies (memory_bps); on one nvidia-h200 (2026-12-01 20:27,
-    # benchmarks/adam_after_d2h_probe.py) a D2H stream beside the update took its 64 MiB chunks
-    # from 7.6 to 10.9 ms, a 5 ms pause after each copy to 8.5 ms
-    dram_dma_weight: float = 0.0
-    # the teams' own bytes/s beside the copies in the dram_dma run; None: not measured (profiles
-    # before 2026-12-01 23:00: dma_slowdown_bps derives it from the totals)
-    dram_dma_teams_bps: float | None = None
-    # Adam on a BF16 gradient widened in cache (plan.grad_widen = host), against threads; None:
-    # not measured (profiles before 2026-12-01, presets): the FP32 gradient's curve stands in
-    adam_bf16_grad_params_per_s: RateCurve | None = None
-    # the executor's dispatch seconds per task on its CPU agents, by kind ("cast", "adam"): added
-    # to those tasks' durations (graph/costs.py); empty: not measured (profiles before
-    # 2026-12-01 08:00, presets), no dispatch cost
-    task_gap_s: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-    # the host's spread, {kernel: (slow, fast)} factors over the kernel's rate, for "adam" and
-    # "cast" (module docstring); empty: not measured (profiles before 2026-12-01 20:40, presets)
-    rate_range: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
-
-    def with_rates(self, adam: float = 1.0, cast: float = 1.0) -> HostSpec:
-        """This host with its AdamW curves (FP32 and BF16 gradient) times `adam` and its cast
-        curves (by threads and by chunk) times `cast`; every other figure as measured (what is
-        derived from the rates follows them: cast_weight, team_dram_bps without dram_teams)."""
-        bf16 = self.adam_bf16_grad_params_per_s
-        return replace(self, adam_params_per_s=self.adam_params_per_s.scaled(adam),
-                       adam_bf16_grad_params_per_s=None if bf16 is None else bf16.scaled(adam),
-                       cast_elems_per_s=self.cast_elems_per_s.scaled(cast),
-                       cast_chunk=tuple((c, curve.scaled(cast)) for c, curve in self.cast_chunk))
-
-    def cast_rate(self, threads: float, chunk_elems: float | None = None) -> float:
-        """Elements/s of the FP32 -> BF16 cast with `threads` threads; with `chunk_elems` and a
-        cast_chunk table, that chunk size's rate: each measured chunk's curve at `threads`
-        (saturating, as RateCurve), linear in log chunk size between the measured chunks and
-        clamped at the smallest and largest; else the thread curve (large buffers)."""
-        if chunk_elems is None or not self.cast_chunk:
-            return self.cast_elems_per_s.at(threads)
-        curves = dict(self.cast_chunk)
-        return log_between(list(curves), chunk_elems, lambda c: curves[c].at(threads))
-
-    def adam_rate(self, threads: float, grad_bytes: int = 4) -> float:
-        """Parameters/s of the CPU Adam with `threads` threads on a gradient of `grad_bytes`
-        per element: 2, a BF16 gradient widened in cache (its own curve where measured)."""
-        if grad_bytes == 2 and self.adam_bf16_grad_params_per_s is not None:
-            return self.adam_bf16_grad_params_per_s.at(threads)
-        return self.adam_params_per_s.at(threads)
-
-    def team_dram_bps(self, threads: float) -> float:
-        """DRAM bytes/s the host reaches when its CPU work runs in teams of `threads` threads,
-        at most dram_bps (the most traffic any measured kernel moved, at any thread count):
-        measured, where the profile ran the cast and update teams at once (dram_teams) with
-        teams at least this large; else the most traffic the measured kernels (Adam, the cast)
-        moved at `threads`. Fewer threads keep fewer memory requests in flight: on
-        nvidia-h200-x2, Adam moves 150 GB/s at 24 threads against 164 at 32, and the executor's
-        measured traces draw about 150 GB/s while its 24-thread update team runs (validation
-        h200x2-8b-*)."""
-        if self.dram_teams is not None and threads >= min(self.dram_teams[:2]):
-            return min(self.dram_bps, self.dram_teams[2])
-        kernels = max(self.adam_rate(threads) * self.adam_dram_bytes_per_param,
-                      self.cast_rate(threads) * self.cast_dram_bytes_per_elem)
-        return min(self.dram_bps, kernels)
-
-    def cast_weight(self) -> float:
-        """How much of a saturated host-memory cap a CAST gets beside the update's ADAM, relative
-        to it (the simulator's stage-2 weight, sim/resources.py): from the teams-at-once run,
-        (the cast team's bytes there / its bytes alone) / (the update team's bytes there / its
-        bytes alone), each alone at its own team size. 1 (equal fractions of their own rates)
-        where the profile did not record the split. On nvidia-h200-x2 (24 + 24 threads on 32
-        cores) a 64 MiB cast took 2.15 ms alone and 7.5 ms beside the update
-        (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two.
-        Approximations: the cast's rate alone is the large-buffer one (a CAST task runs at its
-        chunk size's, a few percent apart), and the one weight stands for every team size and
-        against the DMA too, though measured against Adam at the profile's teams only."""
-        if self.dram_teams is None or self.dram_teams_cast_bps is None:
-            return 1.0
-        cast_t, update_t, total = self.dram_teams
-        if not 0 < self.dram_teams_cast_bps < total:
-            raise ValueError(f"dram_teams_cast_bps {self.dram_teams_cast_bps:g} outside (0, "
-                             f"{total:g}), the teams' total")
-        cast_alone = self.cast_rate(cast_t) * self.cast_dram_bytes_per_elem
-        adam_alone = self.adam_rate(update_t) * self.adam_dram_bytes_per_param
-        return ((self.dram_teams_cast_bps / cast_alone)
-                / ((total - self.dram_teams_cast_bps) / adam_alone))
-
-    def memory_bps(self) -> float | None:
-        """Bytes/s of all host-memory traffic at once, the GPUs' DMA included: measured where
-        the profile ran the teams with every GPU's copies (dram_dma); None when not measured
-        (the model then counts the DMA against the teams' cap; graph/costs.py never lets this
-        cap fall below that one). On nvidia-h200-x4 the host sum and Adam moved 209 and 145
-        GB/s of their own while four GPUs downloaded 131 GB of gradients beside them: more
-        host-memory traffic than the 163 GB/s the teams reached alone."""
-        return None if self.dram_dma is None else self.dram_dma[3]
-
-    def dma_slowdown_bps(self) -> float | None:
-        """S: with the GPUs' copies moving D bytes/s of host memory, every CPU kernel is capped
-        at S / (S + D) of the speed it has without them (the simulator's FluidShare; a kernel
-        held lower by a shared cap may lose less): the copies lengthen each memory access, and
-        a kernel's rate follows its latency. From the profile's paired run: the teams moved T'
-        bytes/s beside copies of D' and T' + w D' without them (w: dram_dma_weight), so S =
-        T' / w. T' is the measured dram_dma_teams_bps, or, before it was recorded, memory_bps -
-        D' with D' = (memory_bps - the teams alone (dram_teams)) / (1 - w), the teams alone
-        then from other allocations (a few % there move S by tens of %). None where there is
-        no weight, or where that derivation gives no positive D' and T' (w = 1, copies that
-        added no traffic): the copies then draw w of their bytes on the kernels' cap. On
-        nvidia-h200 2026-12-01: S 125-254 GB/s; a lone update's 64 MiB chunks beside a ~45 GB/s
-        D2H stream measured +44% (7.6 -> 10.9 ms), where S / (S + D) at S = 140 GB/s says +32%."""
-        w = self.dram_dma_weight
-        if w <= 0 or self.dram_dma is None:
-            return None
-        teams_beside = self.dram_dma_teams_bps
-        if teams_beside is None:
-            if self.dram_teams is None or w >= 1:
-                return None
-            copies = (self.dram_dma[3] - self.dram_teams[2]) / (1 - w)
-            if copies <= 0:
-                return None
-            teams_beside = self.dram_dma[3] - copies
-        return teams_beside / w if teams_beside > 0 else None
-
-
-@dataclass(frozen=True)
 class FabricSpec:
     kind: str
     link_bps: float
@@ -381,14 +225,6 @@ class HardwareSpec:
         return slow, fast
 
 
-def _sources(t: Table, keys: list[str]) -> MappingProxyType:
-    default = t.str("source")
-    over = t.sub("sources", {})
-    out = {k: (over.str(k) if over.has(k) else default) for k in keys}
-    over.done()
-    return MappingProxyType(out)
-
-
 def _gpu(t: Table) -> GpuSpec:
     keys = ["count", "hbm_gib", "hbm_gbps", "peak_bf16_tflops", "achieved"]
     model = t.str("model")
@@ -418,7 +254,7 @@ def _gpu(t: Table) -> GpuSpec:
             lts.append(LayerTime(s.int("hidden"), s.int("ffn"), s.int("seq"), s.int("micro_batch"),
                                  s.num("fwd_bwd_s"), s.str("source"), sac))
             s.done()
-    src = _sources(t, keys)
+    src = sources_of(t, keys)
     t.done()
     return GpuSpec(model, count, hbm, hbm_bps, peak, tuple(sorted(ach)), tuple(lts), src)
 
@@ -426,150 +262,13 @@ def _gpu(t: Table) -> GpuSpec:
 def _pcie(t: Table) -> PcieSpec:
     keys = ["h2d_gbps", "d2h_gbps", "duplex_gbps", "all_h2d_gbps", "all_d2h_gbps", "all_total_gbps"]
     vals = [t.num(k) * GB for k in keys]
-    chunks = [(r[0] * MIB, r[1] * GB, r[2] * GB) for r in _triples(
+    chunks = [(r[0] * MIB, r[1] * GB, r[2] * GB) for r in triples(
         t.raw("chunk_gbps", []), t.where, "pcie.chunk_gbps", "[chunk_mib, h2d, d2h]")]
     if any(b[0] <= a[0] for a, b in zip(chunks, chunks[1:], strict=False)):
         raise SpecError(t.where, "pcie.chunk_gbps", "chunk_mib strictly increasing")
-    src = _sources(t, keys + (["chunk_gbps"] if chunks else []))
+    src = sources_of(t, keys + (["chunk_gbps"] if chunks else []))
     t.done()
     return PcieSpec(*vals, sources=src, chunk_bps=tuple(chunks))
-
-
-def _host(t: Table) -> HostSpec:
-    keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
-            "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
-    src = _sources(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
-                                          "dram_teams_cast_gbps", "dram_dma_gbps",
-                                          "dram_dma_weight", "dram_dma_teams_gbps",
-                                          "adam_bf16_grad_gparam_per_s", "agent_gap_us",
-                                          "rate_range")
-                          if t.has(k)])
-    teams = dma = None
-    if t.has("dram_teams_gbps"):
-        (cast_t, update_t, gbps), = _triples([t.raw("dram_teams_gbps")], t.where,
-                                             "host.dram_teams_gbps",
-                                             "[cast threads, update threads, GB/s]")
-        teams = (cast_t, update_t, gbps * GB)
-    teams_cast = None
-    if t.has("dram_teams_cast_gbps"):
-        if teams is None:
-            raise SpecError(t.where, "host.dram_teams_cast_gbps",
-                            "only beside host.dram_teams_gbps (the run it splits)")
-        teams_cast = t.num("dram_teams_cast_gbps") * GB
-        if not 0 < teams_cast < teams[2]:
-            raise SpecError(t.where, "host.dram_teams_cast_gbps",
-                            f"between 0 and dram_teams_gbps ({teams[2] / GB:g}), exclusive, "
-                            f"got {teams_cast / GB:g}")
-    if t.has("dram_dma_gbps"):
-        (cast_t, update_t, gpus, gbps), = _triples([t.raw("dram_dma_gbps")], t.where,
-                                                   "host.dram_dma_gbps",
-                                                   "[cast threads, update threads, GPUs, GB/s]", 4)
-        dma = (cast_t, update_t, gpus, gbps * GB)
-    dma_weight = 0.0
-    if t.has("dram_dma_weight"):
-        if dma is None:
-            raise SpecError(t.where, "host.dram_dma_weight",
-                            "only beside host.dram_dma_gbps (the run it was measured in)")
-        dma_weight = t.num("dram_dma_weight")
-        if not 0 <= dma_weight <= 1:
-            raise SpecError(t.where, "host.dram_dma_weight",
-                            f"a number in [0, 1], got {dma_weight!r}")
-    dma_teams = None
-    if t.has("dram_dma_teams_gbps"):
-        if not t.has("dram_dma_weight"):
-            raise SpecError(t.where, "host.dram_dma_teams_gbps",
-                            "only beside host.dram_dma_weight (the run it was measured in)")
-        dma_teams = t.num("dram_dma_teams_gbps") * GB
-        if not 0 < dma_teams <= dma[3]:
-            raise SpecError(t.where, "host.dram_dma_teams_gbps",
-                            f"between 0 (exclusive) and dram_dma_gbps ({dma[3] / GB:g}), got "
-                            f"{dma_teams / GB:g}")
-    cast = RateCurve.from_pairs(t.raw("cast_gelem_per_s"), t.where, "host.cast_gelem_per_s",
-                                "elem/s", src["cast_gelem_per_s"]).scaled(1e9)
-    adam = RateCurve.from_pairs(t.raw("adam_gparam_per_s"), t.where, "host.adam_gparam_per_s",
-                                "param/s", src["adam_gparam_per_s"]).scaled(1e9)
-    adam_bf16 = (RateCurve.from_pairs(t.raw("adam_bf16_grad_gparam_per_s"), t.where,
-                                      "host.adam_bf16_grad_gparam_per_s", "param/s",
-                                      src["adam_bf16_grad_gparam_per_s"]).scaled(1e9)
-                 if t.has("adam_bf16_grad_gparam_per_s") else None)
-    h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
-                 t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
-                 _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
-                              src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast, dma,
-                 dma_weight, dma_teams, adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where),
-                 _rate_range(t.raw("rate_range", {}), t.where))
-    t.done()
-    return h
-
-
-RANGE_KERNELS = ("adam", "cast")  # the host kernels a rate_range may give
-
-
-def _rate_range(table, where: str) -> MappingProxyType:
-    """host.rate_range -> {kernel: (slow, fast)}: kernels of RANGE_KERNELS, each [slow, fast]
-    with 0 < slow <= 1 <= fast."""
-    name = "host.rate_range"
-    if not isinstance(table, dict):
-        raise SpecError(where, name, f"a table {{ adam = [slow, fast], cast = [slow, fast] }}, "
-                                     f"got {table!r}")
-    out = {}
-    for k, v in table.items():
-        if k not in RANGE_KERNELS:
-            raise SpecError(where, f"{name}.{k}", f"one of {', '.join(RANGE_KERNELS)}")
-        ok = isinstance(v, list) and len(v) == 2 and all(
-            isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in v)
-        if not (ok and 0 < v[0] <= 1 <= v[1]):
-            raise SpecError(where, f"{name}.{k}",
-                            f"[slow, fast] factors with 0 < slow <= 1 <= fast, got {v!r}")
-        out[k] = (float(v[0]), float(v[1]))
-    return MappingProxyType(out)
-
-
-AGENT_GAP_KINDS = ("cast", "adam")  # lower-case names of the Kinds a dispatch cost applies to
-
-
-def _agent_gaps(table, where: str) -> MappingProxyType:
-    """host.agent_gap_us -> {kind: seconds}: a table of the kinds in AGENT_GAP_KINDS, each a
-    finite number of microseconds in [0, 10000)."""
-    name = "host.agent_gap_us"
-    if not isinstance(table, dict):
-        raise SpecError(where, name, f"a table {{ cast = us, adam = us }}, got {table!r}")
-    out = {}
-    for k, v in table.items():
-        if k not in AGENT_GAP_KINDS:
-            raise SpecError(where, f"{name}.{k}", f"one of {', '.join(AGENT_GAP_KINDS)}")
-        if not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                and 0 <= v < 1e4):
-            raise SpecError(where, f"{name}.{k}", f"microseconds in [0, 10000), got {v!r}")
-        out[k] = float(v) * 1e-6
-    return MappingProxyType(out)
-
-
-def _triples(rows, where: str, name: str, shape: str, width: int = 3) -> list[list]:
-    """A table of rows of `width` (3) positive finite numbers (`shape` names them), else SpecError."""
-    if not isinstance(rows, list):
-        raise SpecError(where, name, f"a list of {shape}, got {rows!r}")
-    for r in rows:
-        if not (isinstance(r, list) and len(r) == width
-                and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                        and v > 0 for v in r)):
-            raise SpecError(where, name, f"{shape} positive numbers, got {r!r}")
-    return rows
-
-
-def _cast_chunks(rows, where: str, source: str) -> tuple[tuple[float, RateCurve], ...]:
-    """host.cast_chunk_gelem_per_s rows -> ((chunk elements, elem/s against threads), ...)."""
-    name = "host.cast_chunk_gelem_per_s"
-    by_chunk: dict[float, list[list]] = {}
-    last = 0.0
-    for r in _triples(rows, where, name, "[chunk_mib, threads, gelem_per_s]"):
-        if r[0] < last:
-            raise SpecError(where, name, f"rows ordered by chunk_mib, got {r[0]} after {last}")
-        last = r[0]
-        by_chunk.setdefault(r[0], []).append([r[1], r[2]])
-    return tuple((c * MIB / BF16, RateCurve.from_pairs(
-        pairs, where, f"{name} (chunk_mib {c}: threads)", "elem/s", source).scaled(1e9))
-        for c, pairs in by_chunk.items())
 
 
 def _fabric(t: Table) -> FabricSpec:
@@ -586,7 +285,7 @@ def _fabric(t: Table) -> FabricSpec:
             raise SpecError(t.where, f"fabric.efficiency.{op}", f"a fraction in (0, 1], got {e}")
         eff[op] = e
     eff_t.done()
-    src = _sources(t, keys)
+    src = sources_of(t, keys)
     t.done()
     return FabricSpec(kind, link, cross, lat, MappingProxyType(eff), src)
 
@@ -597,7 +296,7 @@ def parse_hardware(data: dict, where: str) -> HardwareSpec:
     name, desc = hw.str("name"), hw.str("description", "")
     hw.done()
     spec = HardwareSpec(name, desc, _gpu(root.sub("gpu")), _pcie(root.sub("pcie")),
-                        _host(root.sub("host")), _fabric(root.sub("fabric")), origin=where)
+                        parse_host(root.sub("host")), _fabric(root.sub("fabric")), origin=where)
     root.done()
     return spec
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from slidedp.spec.errors import SpecError
@@ -91,3 +93,24 @@ class Table:
         extra = sorted(set(self.data) - self.used)
         if extra:
             raise SpecError(self.where, self._name(extra[0]), "unknown key (misspelled?)")
+
+
+def sources_of(t: Table, keys: list[str]) -> MappingProxyType:
+    """Each key's source: the table's `source`, or its own in the `sources` sub-table."""
+    default = t.str("source")
+    over = t.sub("sources", {})
+    out = {k: (over.str(k) if over.has(k) else default) for k in keys}
+    over.done()
+    return MappingProxyType(out)
+
+
+def triples(rows, where: str, name: str, shape: str, width: int = 3) -> list[list]:
+    """A table of rows of `width` (3) positive finite numbers (`shape` names them), else SpecError."""
+    if not isinstance(rows, list):
+        raise SpecError(where, name, f"a list of {shape}, got {rows!r}")
+    for r in rows:
+        if not (isinstance(r, list) and len(r) == width
+                and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                        and v > 0 for v in r)):
+            raise SpecError(where, name, f"{shape} positive numbers, got {r!r}")
+    return rows

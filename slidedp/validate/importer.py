@@ -53,12 +53,12 @@ from pathlib import Path
 from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import GradRoute, GradWiden, ParamRoute, Plan, UpdateSharding, parse_plan
 from slidedp.spec.tomlio import Table, read_toml
+from slidedp.spec.units import GIB
 from slidedp.validate import store
 from slidedp.validate.cases import Case
 from slidedp.validate.predict import write_predictions
 from slidedp.validate.traces import find_trace, read_trace_doc, trace_names, write_trace_doc
 
-GIB = 2**30
 FORMATS = ("multi_gpu", "single_gpu")
 NO_TRACE = "no Timeline trace was saved by this benchmark run (figures only)"
 
