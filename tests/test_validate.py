@@ -96,78 +96,183 @@ def test_cli_bad_cases_is_one_line_exit_2(tmp_path, capsys):
     assert err.count("\n") == 0 and str(f) in err and "case[0].gpus" in err
 
 
-def _fake_runs(monkeypatch, name: str, stop):
-    """measure._measure_group replaced by runs that each write `name`'s figures (step time = the
-    run's number) into the file they are given; `stop(run)` says how run `run` ends: True
-    (completed), False (its ranks failed) or an exception to raise (the process stopped)."""
+def _fake_runs(monkeypatch, stop, n_cases: int = 1):
+    """The first `n_cases` TINY cases of one GPU, and measure._measure_group replaced by runs that
+    write each case's folder as the worker does (case.toml and a trace naming the run,
+    measured.json with step time = the run's number); `stop(run)` says how run `run` ends: True
+    (completed), False (its ranks failed) or an exception raised (the process stopped)."""
     from slidedp.validate import measure as measure_mod
 
+    base = parse_cases(tomllib.loads(TINY), "t")[0]
+    cases = [dataclasses.replace(base, name=f"{base.name}-{i}") for i in range(n_cases)]
     calls = []
 
-    def fake(group, root, device, iters, discard, machine, command, file):
-        calls.append(file)
-        (root / name).mkdir(parents=True, exist_ok=True)
-        store.write_json(root / name / file, {
-            "step_time_s": 1.0 * len(calls), "all_steps_s": [len(calls)], "tokens_per_s": 100.0,
-            "notes": []})
+    def fake(group, root, *args):
+        calls.append(root)
+        for case in group:
+            folder = root / case.name
+            store.write_case(folder, case, f"run {len(calls)}")
+            (folder / store.MEASURED_TRACE).write_text(f"run {len(calls)}")
+            store.write_json(folder / store.MEASURED, {
+                "step_time_s": 1.0 * len(calls), "all_steps_s": [len(calls)],
+                "tokens_per_s": 100.0, "notes": []})
         end = stop(len(calls))
         if isinstance(end, BaseException):
             raise end
         return end
 
     monkeypatch.setattr(measure_mod, "_measure_group", fake)
-    return calls
+    return cases, calls
+
+
+def _measure(root, cases, runs):
+    """measure_cases on CPU; (the failed cases, the cases it said were stored, in order)."""
+    from slidedp.validate import measure as measure_mod
+
+    stored = []
+    failed = measure_mod.measure_cases(cases, root, device="cpu", iters=2, discard=1,
+                                       machine="ci", command="c", runs=runs, stored=stored.append)
+    return failed, stored
+
+
+def _run_of(folder):
+    """Which fake run wrote the stored case's case.toml and trace (they must agree)."""
+    trace = (folder / store.MEASURED_TRACE).read_text()
+    assert f"# {trace}" in (folder / store.CASE).read_text()
+    return trace
 
 
 def test_a_failed_later_run_leaves_the_completed_runs(tmp_path, monkeypatch, capsys):
-    """Run 1 completes, run 2's ranks fail after writing a case: the group is reported failed,
-    measured.json holds run 1's figures and says one of two runs did not complete, and run 2's
-    file stays beside it."""
-    from slidedp.validate import measure as measure_mod
+    """Run 1 completes, run 2's ranks fail after writing the cases: the group is reported failed
+    but stored with run 1 (so the caller predicts it), its figures, case.toml and trace run 1's,
+    saying one of two runs did not complete; run 2's folders stay in .runs."""
+    cases, calls = _fake_runs(monkeypatch, lambda run: run == 1, n_cases=2)
+    names = [c.name for c in cases]
+    assert _measure(tmp_path, cases, 2) == (names, names)
+    assert calls == [tmp_path / store.RUNS / "run1", tmp_path / store.RUNS / "run2"]
+    assert f"run 2 of 2: {', '.join(names)}" in capsys.readouterr().out
+    for name in names:
+        folder = tmp_path / name
+        meas = store.read_json(folder / store.MEASURED)
+        assert meas["run_step_times_s"] == [1.0] and meas["step_time_s"] == 1.0
+        assert "1 of the 2 runs did not complete" in meas["notes"][-1]
+        assert _run_of(folder) == "run 1"
+        assert store.read_json(calls[1] / name / store.MEASURED)["step_time_s"] == 2.0
+    assert not calls[0].exists()  # adopted: nothing left of run 1 there
+    assert store.stored_cases(tmp_path) == [tmp_path / n for n in names]
 
-    cases = parse_cases(tomllib.loads(TINY), "t")[:1]
-    name = cases[0].name
-    calls = _fake_runs(monkeypatch, name, lambda run: run == 1)
-    failed = measure_mod.measure_cases(cases, tmp_path, device="cpu", iters=2, discard=1,
-                                       machine="ci", command="c", runs=2)
-    assert f"run 2 of 2: {name}" in capsys.readouterr().out
-    assert failed == [name] and calls == [store.run_measured(1), store.run_measured(2)]
-    meas = store.read_json(tmp_path / name / store.MEASURED)
-    assert meas["run_step_times_s"] == [1.0] and meas["step_time_s"] == 1.0
-    assert "1 of the 2 runs did not complete" in meas["notes"][-1]
-    assert not (tmp_path / name / store.run_measured(1)).exists()  # merged, then removed
-    assert store.read_json(tmp_path / name / store.run_measured(2))["step_time_s"] == 2.0
+
+def test_a_first_run_that_fails_stores_nothing(tmp_path, monkeypatch):
+    cases, _ = _fake_runs(monkeypatch, lambda run: False)
+    assert _measure(tmp_path, cases, 2) == ([cases[0].name], [])
+    assert store.stored_cases(tmp_path) == []
 
 
 def test_a_stopped_validation_loses_no_completed_run(tmp_path, monkeypatch):
-    """Stopped (a time limit's signal) during run 3 of 3: measured.json already holds runs 1 and
-    2 merged, and the stopped run's finished case is in its own file."""
-    from slidedp.validate import measure as measure_mod
-
-    cases = parse_cases(tomllib.loads(TINY), "t")[:1]
-    name = cases[0].name
-    _fake_runs(monkeypatch, name, lambda run: run < 3 or KeyboardInterrupt())
+    """Stopped (a time limit's signal) during run 3 of 3: the case holds runs 1 and 2 merged,
+    with run 2's case.toml and trace, and the stopped run's finished case is in .runs."""
+    cases, calls = _fake_runs(monkeypatch, lambda run: KeyboardInterrupt() if run == 3 else True)
     with pytest.raises(KeyboardInterrupt):
-        measure_mod.measure_cases(cases, tmp_path, device="cpu", iters=2, discard=1,
-                                  machine="ci", command="c", runs=3)
-    meas = store.read_json(tmp_path / name / store.MEASURED)
+        _measure(tmp_path, cases, 3)
+    folder = tmp_path / cases[0].name
+    meas = store.read_json(folder / store.MEASURED)
     assert meas["run_step_times_s"] == [1.0, 2.0] and meas["step_time_s"] == 1.5
     assert "1 of the 3 runs did not complete" in meas["notes"][-1]
-    assert store.read_json(tmp_path / name / store.run_measured(3))["step_time_s"] == 3.0
+    assert _run_of(folder) == "run 2"
+    assert store.read_json(calls[2] / cases[0].name / store.MEASURED)["step_time_s"] == 3.0
 
 
-def test_one_run_writes_measured_json_itself(tmp_path, monkeypatch):
-    """With one run there is nothing to merge: the run writes measured.json, with its host check."""
+def _stored_before(folder, case):
+    """A case stored by an earlier validation, predicted."""
+    store.write_case(folder, case, "before")
+    (folder / store.MEASURED_TRACE).write_text("before")
+    store.write_json(folder / store.MEASURED, {"step_time_s": 9.0})
+    store.write_json(folder / store.PREDICTED, {"before": True})
+
+
+def test_a_stop_in_the_first_run_leaves_the_stored_case_whole(tmp_path, monkeypatch):
+    """Stopped during run 1: a new case is not stored at all (the summary and --predict-only
+    see nothing half-written), and a case stored before keeps its files and prediction."""
+    from slidedp.validate.summary import write_summary
+
+    cases, _ = _fake_runs(monkeypatch, lambda run: KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        _measure(tmp_path, cases, 2)
+    assert store.stored_cases(tmp_path) == []
+    write_summary(tmp_path)  # nothing to read, nothing to trip on
+    folder = tmp_path / cases[0].name
+    _stored_before(folder, cases[0])
+    with pytest.raises(KeyboardInterrupt):
+        _measure(tmp_path, cases, 2)
+    assert _run_of(folder) == "before" and store.read_json(folder / store.MEASURED) == {
+        "step_time_s": 9.0} and (folder / store.PREDICTED).is_file()
+
+
+def test_a_stop_inside_the_adoption_mixes_no_measurements(tmp_path, monkeypatch):
+    """Stopped between the adoption's two renames: no stored case of that name (nothing
+    half-written for the summary), the earlier case and the new run both kept under .runs; a
+    later validation adopts its run over what that stop left."""
+    cases, calls = _fake_runs(monkeypatch, lambda run: True)
+    folder = tmp_path / cases[0].name
+    _stored_before(folder, cases[0])
+    real = os.replace
+
+    def stop_second(src, dst):  # the run's folder renamed into place: stopped there
+        if Path(dst) == folder and Path(src).parent == calls[-1]:
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(store.os, "replace", stop_second)
+    with pytest.raises(KeyboardInterrupt):
+        _measure(tmp_path, cases, 1)
+    assert store.stored_cases(tmp_path) == []
+    before = calls[0] / f"{cases[0].name}.before"
+    assert _run_of(before) == "before" and _run_of(calls[0] / cases[0].name) == "run 1"
+    monkeypatch.setattr(store.os, "replace", real)
+    assert _measure(tmp_path, cases, 1) == ([], [cases[0].name])
+    assert _run_of(folder) == "run 2" and not (folder / store.PREDICTED).exists()
+    assert not (tmp_path / store.RUNS).exists()
+
+
+def test_one_run_stores_its_figures_unmerged(tmp_path, monkeypatch):
+    """With one run there is nothing to merge: measured.json is the run's, with its host check,
+    beside its case.toml and trace; the prediction of the case before is gone with it (the
+    caller predicts anew), and no .runs folder is left."""
+    cases, _ = _fake_runs(monkeypatch, lambda run: True)
+    folder = tmp_path / cases[0].name
+    _stored_before(folder, cases[0])
+    assert _measure(tmp_path, cases, 1) == ([], [cases[0].name])
+    meas = store.read_json(folder / store.MEASURED)
+    assert meas["step_time_s"] == 1.0 and "host_check" in meas and _run_of(folder) == "run 1"
+    assert "run_step_times_s" not in meas and not (folder / store.PREDICTED).exists()
+    assert not (tmp_path / store.RUNS).exists()
+
+
+def test_cli_predicts_each_group_as_it_is_stored(tmp_path, monkeypatch):
+    """The CLI predicts every case measure_cases says it stored, a failed group's too, as it
+    is said (before the next group runs)."""
     from slidedp.validate import measure as measure_mod
+    from slidedp.validate import predict as predict_mod
 
-    cases = parse_cases(tomllib.loads(TINY), "t")[:1]
-    name = cases[0].name
-    calls = _fake_runs(monkeypatch, name, lambda run: True)
-    assert measure_mod.measure_cases(cases, tmp_path, device="cpu", iters=2, discard=1,
-                                     machine="ci", command="c", runs=1) == []
-    meas = store.read_json(tmp_path / name / store.MEASURED)
-    assert calls == [store.MEASURED] and meas["step_time_s"] == 1.0 and "host_check" in meas
-    assert "run_step_times_s" not in meas
+    f = tmp_path / "cases.toml"
+    f.write_text(TINY)
+    events = []
+
+    def fake(cases, root, **kwargs):
+        for c in cases:
+            events.append(("measured", c.name))
+            kwargs["stored"](c.name)
+        return [cases[-1].name]  # the last group failed after a completed run
+
+    monkeypatch.setattr(measure_mod, "measure_cases", fake)
+    monkeypatch.setattr(predict_mod, "write_predictions",
+                        lambda folder, hw, notes: events.append(("predicted", folder.name)))
+    monkeypatch.setattr("slidedp.commands.validate.print_summary", lambda *a: None)
+    rc = main(["validate", "--hardware", "h200x2", "--cases", str(f), "--out",
+               str(tmp_path / "v"), "--device", "cpu"])
+    assert rc == 1
+    assert events == [("measured", "tiny-r1"), ("predicted", "tiny-r1"),
+                      ("measured", "tiny-r2"), ("predicted", "tiny-r2")]
 
 
 def test_host_check_against_the_profile():
@@ -274,7 +379,7 @@ def test_cli_select_measures_only_the_matching_cases(tmp_path, monkeypatch, caps
 
     def fake(cases, root, **kwargs):
         ran.append(([c.name for c in cases], kwargs["command"]))
-        return [c.name for c in cases]  # all failed: nothing to predict
+        return [c.name for c in cases]  # all failed, none stored: nothing to predict
 
     monkeypatch.setattr(measure_mod, "measure_cases", fake)
     argv = ["validate", "--hardware", "h200x2", "--cases", str(f), "--out", str(tmp_path / "v"),
@@ -381,6 +486,7 @@ def test_tiny_cpu_run_writes_every_file(tmp_path, capfd):
         assert len(runs) == 2, (meas["notes"], err)  # a failed run: why
         assert meas["step_time_s"] == pytest.approx(sum(runs) / 2)
         assert meas["run_all_steps_s"][-1] == meas["all_steps_s"] and "--runs 2" in meas["command"]
+        assert not (out / store.RUNS).exists()  # every run adopted
         checks = meas["run_host_checks"]  # one host check before each run, kept with the case
         assert len(checks) == 2 and meas["host_check"] == checks[-1]
         assert all(c["adam_gparam_per_s"] > 0 and c["threads"] >= 1 for c in checks)

@@ -109,12 +109,11 @@ def measure(a: argparse.Namespace, root: Path) -> list[str]:
     print(cmd, flush=True)
     print(f"{len(cases)} case(s), {a.runs} run(s) each: {', '.join(c.name for c in cases)}",
           flush=True)
-    failed = measure_cases(cases, root, device=a.device, iters=a.iters, discard=a.discard,
-                           machine=a.machine, command=cmd, runs=a.runs)
-    for c in cases:
-        if c.name not in failed:
-            write_predictions(root / c.name, a.hardware, [])
-    return failed
+    # each group's cases predicted as soon as it is done (a failed group's too, where a run of
+    # it completed): a validation stopped by a time limit keeps them predicted
+    return measure_cases(cases, root, device=a.device, iters=a.iters, discard=a.discard,
+                         machine=a.machine, command=cmd, runs=a.runs,
+                         stored=lambda name: write_predictions(root / name, a.hardware, []))
 
 
 def run(a: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ A validated case is data (conventions.md): `validation/<case>/` holds
                              saved (an older store's plain measured_trace.json is read as well)
     simulated_trace.json.gz  the simulated steady step (Chrome trace, gzip), beside a measured one
     overlay.png              both timelines per channel (plot.py), when both traces exist
-and `validation/SUMMARY.md` / `summary.csv` put every stored case side by side with the error
+(`validation/.runs/run<K>/<case>/`: a run's folders until it completes, measure.py) and
+`validation/SUMMARY.md` / `summary.csv` put every stored case side by side with the error
 statistics. Hardware numbers come from `slidedp profile` (or a preset) only: nothing is fitted to
 end-to-end step times.
 

@@ -6,17 +6,20 @@ its cases in the file's order. A group whose rank processes fail is reported and
 still run. With `runs` > 1 the group runs that many times, each on a host state of its own
 (method.md section 10: average over 2 runs): a case's step time is the mean of the runs' (each
 run's in `run_step_times_s`, its steps in `run_all_steps_s`); its channel seconds, trace and
-memory figures are the last run's. Each run starts with a host check (validate/hostcheck.py),
-kept in the cases' measured.json (`host_check`; every run's in `run_host_checks`). Of several
-runs, each writes its figures to a file of its own (store.run_measured), merged into measured.json
-as soon as the run has completed (and then removed): a validation stopped or failed partway keeps
-every completed run in measured.json and the stopped run's finished cases in their run file.
+memory figures are the last completed run's. Each run starts with a host check (validate/hostcheck.py),
+kept in the cases' measured.json (`host_check`; every run's in `run_host_checks`). Each run
+writes its case folders under ROOT/.runs/run<K>/ (store.RUNS); as soon as it has completed, each
+becomes the stored case, swapped in whole (store.adopt_run: case.toml, the trace and a
+measured.json with every run completed so far). A validation stopped or failed partway keeps
+every completed run; a stored case is always one measurement's files; a stopped run's finished
+cases stay in its .runs folder.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -50,29 +53,35 @@ def check_devices(cases: list[Case], device: str, where: str) -> None:
 
 
 def measure_cases(cases: list[Case], root: Path, *, device: str, iters: int, discard: int,
-                  machine: str, command: str, runs: int = 1) -> list[str]:
+                  machine: str, command: str, runs: int = 1,
+                  stored: Callable[[str], None] = lambda name: None) -> list[str]:
     """Measure every case into root/<case>/, `runs` times (module docstring), each run after a
-    host check (validate/hostcheck.py) kept with its cases; the names of the cases whose group
-    failed."""
+    host check (validate/hostcheck.py) kept with its cases; `stored(name)` for each case stored
+    with at least one completed run, as soon as its group is done (the caller predicts it there,
+    so a validation stopped in a later group keeps it predicted). The names of the cases whose
+    group failed in a run."""
     failed: list[str] = []
     for group in groups(cases):
         per_run = []
         for run in range(1, runs + 1):
-            name = store.MEASURED if runs == 1 else store.run_measured(run)
+            stage = root / store.RUNS / f"run{run}"
             if runs > 1:
                 print(f"run {run} of {runs}: {', '.join(c.name for c in group)}", flush=True)
             check = checked_host()
-            if not _measure_group(group, root, device, iters, discard, machine, command, name):
+            if not _measure_group(group, stage, device, iters, discard, machine, command):
                 failed += [c.name for c in group]
                 break
-            per_run.append({c.name: with_check(store.read_json(root / c.name / name), check)
-                            for c in group})
+            per_run.append({c.name: with_check(store.read_json(stage / c.name / store.MEASURED),
+                                               check) for c in group})
             for c in group:
                 done = [r[c.name] for r in per_run]
-                store.write_json(root / c.name / store.MEASURED,
-                                 done[0] if runs == 1 else store.merged_runs(done, runs))
-                if name != store.MEASURED:
-                    (root / c.name / name).unlink()
+                store.adopt_run(stage / c.name, root / c.name,
+                                done[0] if runs == 1 else store.merged_runs(done, runs))
+        for c in group if per_run else ():
+            stored(c.name)
+    for stage in sorted((root / store.RUNS).glob("run*")) + [root / store.RUNS]:
+        if stage.is_dir() and not any(stage.iterdir()):  # what a failed run left stays
+            stage.rmdir()
     return failed
 
 
@@ -93,19 +102,19 @@ def checked_host() -> dict:
 
 
 def _measure_group(group: list[Case], root: Path, device: str, iters: int, discard: int,
-                   machine: str, command: str, name: str) -> bool:
-    """One run of a group (in this process for one GPU, through torchrun for R), each case's
-    figures into the file `name` of its folder; False if its rank processes failed."""
+                   machine: str, command: str) -> bool:
+    """One run of a group into root/<case>/ (in this process for one GPU, through torchrun for
+    R); False if its rank processes failed."""
     R = group[0].gpus
     if R == 1:
-        run_group(group, root, run_meta(device, iters, discard, machine, command), name=name)
+        run_group(group, root, run_meta(device, iters, discard, machine, command))
         return True
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "group.toml"
         spec.write_text("\n".join(case_toml(c) for c in group))
         argv = ["-m", "slidedp.validate.worker", "--cases", str(spec), "--out", str(root),
                 "--device", device, "--iters", str(iters), "--discard", str(discard),
-                "--machine", machine, "--command", command, "--measured-name", name]
+                "--machine", machine, "--command", command]
         rc = launch(R, argv, env={"OMP_NUM_THREADS": "1"} | dict(os.environ),
                     timeout_s=RANK_TIMEOUT_S)
     return rc == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import statistics
 from pathlib import Path
 
@@ -25,14 +26,32 @@ OVERLAY = "overlay.png"
 SUMMARY_MD, SUMMARY_CSV = "SUMMARY.md", "summary.csv"
 
 
-def run_measured(run: int) -> str:
-    """The file one run (1, 2, ...) of several writes its figures to, until measure.py has merged
-    them into measured.json: a run stopped partway leaves its finished cases there."""
-    return f"measured.run{run}.json"
+RUNS = ".runs"  # ROOT/.runs/run<K>/<case>/: one run's case folder until measure.py adopts it
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    """Written whole or not at all (a temporary file renamed over it): a validation stopped
+    while rewriting measured.json keeps the figures it held."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def adopt_run(staged: Path, folder: Path, measured: dict) -> None:
+    """A run's case folder `staged` (case.toml, trace) made the stored case `folder`, with
+    `measured` as its measured.json: whole folders are swapped by renames, so the stored case is
+    always one measurement's files (the one before, with its prediction, or this one, not yet
+    predicted). A stop between the two renames leaves no stored case of that name, and both
+    measurements under ROOT/.runs."""
+    write_json(staged / MEASURED, measured)
+    before = staged.with_name(staged.name + ".before")
+    if before.exists():  # left by an earlier stop
+        shutil.rmtree(before)
+    if folder.exists():
+        os.replace(folder, before)
+    os.replace(staged, folder)
+    if before.exists():
+        shutil.rmtree(before)
 
 
 def read_json(path: Path) -> dict:
@@ -82,7 +101,8 @@ def merged_runs(runs: list[dict], asked: int) -> dict:
     their mean, everything else the last run's."""
     last = runs[-1]
     step = statistics.fmean(r["step_time_s"] for r in runs)
-    note = (f"step_time_s: the mean of {len(runs)} runs (run_step_times_s); channel_s, the "
+    note = (f"step_time_s: the mean of {len(runs)} run{'s' * (len(runs) != 1)} "
+            "(run_step_times_s); channel_s, the "
             "trace, GPU peak and host PSS: the last run")
     if len(runs) < asked:
         note += f"; {asked - len(runs)} of the {asked} runs did not complete (failed or stopped)"

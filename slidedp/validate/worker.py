@@ -4,8 +4,8 @@ on one host state and writes each case's measured files.
 In-process for one GPU (measure.py calls run_group), or in each of R rank processes started by
 torchrun: `python -m slidedp.validate.worker --cases GROUP.toml --out ROOT --device cuda
 --iters N --discard N --machine NAME --command "..."`. Every rank measures; rank 0 writes
-ROOT/<case>/case.toml, measured.json (or, for one run of several, the file `--measured-name`
-names: measure.py merges the runs) and measured_trace.json.gz (runner.py merges the ranks).
+ROOT/<case>/case.toml, measured.json and measured_trace.json.gz (runner.py merges the ranks);
+measure.py gives ROOT/.runs/run<K> as ROOT and adopts the folders when the run has completed.
 In one process, after the group, one AdamW pass over its host state is timed (the state check,
 validate/hostcheck.py) and written to the group's measured.json files.
 """
@@ -42,13 +42,12 @@ def run_meta(device: str, iters: int, discard: int, machine: str, command: str) 
             "command": command, "iters": iters, "discard": discard}
 
 
-def write_measured(folder: Path, case: Case, m: Measurement, meta: dict,
-                   name: str = store.MEASURED) -> None:
+def write_measured(folder: Path, case: Case, m: Measurement, meta: dict) -> None:
     store.write_case(folder, case, f"measured by slidedp validate on {meta['date']}, "
                                    f"{meta['machine']}")
     save_trace(m.timeline, folder / store.MEASURED_TRACE)
     wl = case.workload()
-    store.write_json(folder / name, meta | {
+    store.write_json(folder / store.MEASURED, meta | {
         "case": case.name, "gpus_used": wl.gpus, "step_time_s": m.step_time_s,
         "all_steps_s": m.all_steps_s, "tokens_per_s": wl.tokens_per_step / m.step_time_s,
         "channel_s": m.channel_s, "channel_s_scope": "last step, union over every rank's tasks",
@@ -57,10 +56,8 @@ def write_measured(folder: Path, case: Case, m: Measurement, meta: dict,
         "trace": store.MEASURED_TRACE, "notes": []})
 
 
-def run_group(cases: list[Case], root: Path, meta: dict, session: DistSession | None = None,
-              name: str = store.MEASURED) -> None:
-    """Measure every case of the group on one host state (module docstring), each case's figures
-    into the file `name` of its folder."""
+def run_group(cases: list[Case], root: Path, meta: dict, session: DistSession | None = None) -> None:
+    """Measure every case of the group on one host state (module docstring)."""
     device = meta["device"]
     cfg = dict(cases[0].spec.config)
     copy = torch.bfloat16 if device == "cuda" else torch.float32
@@ -71,8 +68,8 @@ def run_group(cases: list[Case], root: Path, meta: dict, session: DistSession | 
             m = measure(cfg, case.workload(), case.plan, hs, device=device, iters=meta["iters"],
                         discard=meta["discard"], session=session)
             if m.timeline is not None:
-                write_measured(root / case.name, case, m, meta, name)
-                written.append(root / case.name / name)
+                write_measured(root / case.name, case, m, meta)
+                written.append(root / case.name / store.MEASURED)
                 print(f"measured {case.name}: {m.step_time_s:.3f} s", flush=True)
         if session is None and written:  # one process: the state check (validate/hostcheck.py)
             m = probe_machine()
@@ -94,17 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--discard", type=int, required=True)
     ap.add_argument("--machine", default="")
     ap.add_argument("--command", default="")
-    ap.add_argument("--measured-name", default=store.MEASURED)
     a = ap.parse_args(argv)
     cases = load_cases(a.cases)
     meta = run_meta(a.device, a.iters, a.discard, a.machine, a.command)
     if not is_rank_process():
-        run_group(cases, Path(a.out), meta, name=a.measured_name)
+        run_group(cases, Path(a.out), meta)
         return 0
     R = int(os.environ["WORLD_SIZE"])
     threads = max(1, (os.cpu_count() or 1) // R) if a.device == "cpu" else None
     with DistSession(a.device, num_threads=threads) as sess:
-        run_group(cases, Path(a.out), meta, sess, a.measured_name)
+        run_group(cases, Path(a.out), meta, sess)
     return 0
 
 
