@@ -52,9 +52,10 @@
 # Left after the 2026-12-02 00:13-00:41 calls (the 12-configuration h200 matrix on one lease:
 # simulated 4.3% mean, 12.7% max; its 4B host-bound cases at 256 MiB over-predicted by 9-13%,
 # the executor 10% faster there than at 64 MiB while the simulator predicts both alike:
-# benchmarks/RESULTS.md), in order: on any H200, the profile's teams-at-once run with the
-# executor's chunking (64 and 256 MiB kernels, not 600 MiB loops) and the D2H's per-copy loss
-# beside the update, then `h200-matrix` again; `x2-val` when nvidia-h200-x2 is lent (issue 6:
+# benchmarks/RESULTS.md), in order: on any H200, `h200-matrix` again (its traces now hold each
+# GPU task's issue interval: are the 64 MiB recompute's and copies' stretched spans the agents'
+# issuing?), the profile's teams-at-once run with the executor's chunking (64 and 256 MiB
+# kernels, not 600 MiB loops); `x2-val` when nvidia-h200-x2 is lent (issue 6:
 # the x2 matrix on a profile with the DMA weight; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b
 # ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind); `x4` / x8 when lent (issue 7).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the

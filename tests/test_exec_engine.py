@@ -221,6 +221,10 @@ def test_clipping_overlap_equals_sync_bit_for_bit():
     recs = a[-1].timeline.records
     assert min(r.start_s for r in recs if r.kind == "ADAM") >= max(
         r.end_s for r in recs if r.kind == "D2H")
+    # a GPU agent's task carries its issue interval (on CPU the work is done while issuing: the
+    # span itself); a CPU agent's task none
+    assert all((r.issue_start_s, r.issue_end_s) == ((r.start_s, r.end_s) if r.agent.startswith(
+        "gpu") else (None, None)) for r in recs)
 
 
 def test_overlap_mode_overlaps_update_with_backward():

@@ -556,6 +556,26 @@ def test_import_refuses_case_strings_of_no_case(tmp_path, field, given):
         import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")
 
 
+def test_a_gpu_tasks_issue_interval_survives_the_trace_file_and_the_shifts(tmp_path):
+    """A measured GPU task's issue interval (when its agent enqueued it) is written to the
+    Chrome trace's args, read back to the nanosecond, and moved with the record by the steady
+    step's shift; a record without one stays without."""
+    from slidedp.graph.timeline import Record, Timeline
+    from slidedp.validate.traces import save_trace, steady_step
+
+    gpu = Record(2, "BWD", 3, 0, -1, "gpu0.compute", 1.25, 1.5, 1.2000004, 1.2100004)
+    cpu = Record(2, "ADAM", 3, -1, 0, "cpu.update0", 1.5, 1.75)
+    before = Record(1, "BWD", 3, 0, -1, "gpu0.compute", 0.25, 0.5, 0.2, 0.21)
+    save_trace(Timeline([before, gpu, cpu]), tmp_path / "t.json.gz")
+    back = {(r.iteration, r.kind): r for r in load_trace(tmp_path / "t.json.gz").records}
+    assert back[(2, "BWD")].issue_start_s == pytest.approx(1.2000004, abs=1e-9)
+    assert back[(2, "BWD")].issue_end_s == pytest.approx(1.2100004, abs=1e-9)
+    assert (back[(2, "ADAM")].issue_start_s, back[(2, "ADAM")].issue_end_s) == (None, None)
+    steady = {r.kind: r for r in steady_step(Timeline([before, gpu, cpu])).records}
+    assert (steady["BWD"].start_s, steady["BWD"].issue_start_s) == pytest.approx((0.75, 0.7000004))
+    assert steady["ADAM"].issue_start_s is None and steady["ADAM"].start_s == pytest.approx(1.0)
+
+
 def test_a_long_case_gets_a_trace_file_name_the_file_system_takes(tmp_path):
     """A case with one policy per decoder layer (36 of them: 700 characters) gets a name of its
     first characters and a digest of the whole, which a file can have (on nvidia-h200,

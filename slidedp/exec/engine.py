@@ -623,14 +623,16 @@ class Engine:
         for v in range(self.tpl.n):
             if not self.tpl.local[v]:
                 continue
+            issue = (st.host_s[v][0] - t0, st.host_s[v][1] - t0)  # the agent's host time
             if self.cuda and self.tpl.on_gpu(v):
                 off = t_ref - t0
                 s = off + self.ev_ref.elapsed_time(self.ev_start[v]) / 1e3
                 e = off + self.ev_ref.elapsed_time(self.ev_end[v]) / 1e3
             else:
-                s, e = st.host_s[v][0] - t0, st.host_s[v][1] - t0
+                s, e = issue
             tl.add(Record(self.iteration, self.tpl.kind[v].name, int(g.unit[v]), int(g.rank[v]),
-                          int(g.chunk[v]), self.tpl.agent_names[int(g.agent[v])], s, e))
+                          int(g.chunk[v]), self.tpl.agent_names[int(g.agent[v])], s, e,
+                          *(issue if self.tpl.on_gpu(v) else (None, None))))
         return tl
 
     # ---- one function per Kind ---------------------------------------------------------------

@@ -1,7 +1,10 @@
 """The Timeline: one record format for simulated and measured runs, and its Chrome trace export.
 
 A record is (iteration, kind, unit, rank, chunk, agent, start_s, end_s); the simulator writes it
-from simulated clocks, the executor from CUDA events and host clocks. Chrome trace JSON (opens in
+from simulated clocks, the executor from CUDA events and host clocks. A measured GPU task also
+carries when its agent's thread issued it (issue_start_s, issue_end_s: host clock, the same
+reference): a span much longer than its kernels with an issue as long says the GPU waited on
+the issuing thread, not on its work. Chrome trace JSON (opens in
 Perfetto / chrome://tracing): one process per rank plus one for the host and one for the fabric,
 one thread per agent; exposed intervals (a GPU's compute stream idle, with the channel it waits on)
 can be added as their own lane. Times are written in microseconds rounded to the nanosecond
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from slidedp.graph.tasks import KIND_CHANNEL, Kind
@@ -40,10 +43,29 @@ class Record:
     agent: str
     start_s: float
     end_s: float
+    # a GPU task measured by the executor: from just before its start event was recorded to just
+    # after its end event was (its agent's thread enqueueing the work); None: simulated, or a
+    # CPU task (whose span is host time already)
+    issue_start_s: float | None = None
+    issue_end_s: float | None = None
 
     @property
     def channel(self) -> str:
         return KIND_CHANNEL[Kind[self.kind]].name
+
+    def shifted(self, dt_s: float) -> Record:
+        """The record `dt_s` seconds later, its issue interval too."""
+        later = {k: v + dt_s for k in ("issue_start_s", "issue_end_s")
+                 if (v := getattr(self, k)) is not None}
+        return replace(self, start_s=self.start_s + dt_s, end_s=self.end_s + dt_s, **later)
+
+
+def issue_args(r: Record) -> dict:
+    """A Chrome trace event's args for a record's issue interval (microseconds, as ts), if any."""
+    if r.issue_start_s is None or r.issue_end_s is None:
+        return {}
+    return {"issue_start_us": round(r.issue_start_s * 1e6, 3),
+            "issue_end_us": round(r.issue_end_s * 1e6, 3)}
 
 
 @dataclass(frozen=True)
@@ -124,7 +146,7 @@ class Timeline:
             events.append({"name": name, "cat": r.channel, "ph": "X", "pid": pid, "tid": tid,
                            "ts": round(r.start_s * 1e6, 3),
                            "dur": round(max(r.end_s - r.start_s, 0.0) * 1e6, 3),
-                           "args": {"iteration": r.iteration, "rank": r.rank}})
+                           "args": {"iteration": r.iteration, "rank": r.rank} | issue_args(r)})
         for e in self.exposures:
             tid = tids.setdefault(f"gpu{e.rank}.exposed", len(tids))
             events.append({"name": f"exposed: {e.channel}", "cat": "EXPOSED", "ph": "X",

@@ -21,7 +21,7 @@ collection).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -156,7 +156,7 @@ def measure(model_config: dict, wl: Workload, plan: Plan, hs: HostState, *, devi
     merged = Timeline(source=last.timeline.source + f", {len(parts)} rank(s)")
     for origin, records, _, _ in parts:
         for r in records:
-            merged.add(replace(r, start_s=r.start_s + origin - origin0, end_s=r.end_s + origin - origin0))
+            merged.add(r.shifted(origin - origin0))
     peaks = [p[2] for p in parts if p[2] is not None]
     pss = [p[3] for p in parts if p[3] is not None]
     return Measurement(

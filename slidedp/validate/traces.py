@@ -72,8 +72,10 @@ def load_trace(path: Path) -> Timeline:
                                  ev["args"]["waiting_on"]))
             continue
         kind, unit, *chunk = ev["name"].split()
-        recs.append(Record(ev["args"]["iteration"], kind, int(unit[1:]), ev["args"]["rank"],
-                           int(chunk[0][1:]) if chunk else -1, agents[ev["tid"]], s, e))
+        args = ev["args"]
+        issue = [args[k] * US if k in args else None for k in ("issue_start_us", "issue_end_us")]
+        recs.append(Record(args["iteration"], kind, int(unit[1:]), args["rank"],
+                           int(chunk[0][1:]) if chunk else -1, agents[ev["tid"]], s, e, *issue))
     return Timeline(recs, exps, source=doc.get("otherData", {}).get("source", str(path)))
 
 
@@ -82,8 +84,7 @@ def steady_step(tl: Timeline) -> Timeline:
     simulated run's steady step on the clock of a measured step), its exposures clipped to it."""
     last = max(r.iteration for r in tl.records)
     t0 = max((r.end_s for r in tl.records if r.iteration == last - 1), default=0.0)
-    recs = [replace(r, start_s=r.start_s - t0, end_s=r.end_s - t0)
-            for r in tl.records if r.iteration == last]
+    recs = [r.shifted(-t0) for r in tl.records if r.iteration == last]
     t1 = max(r.end_s for r in recs)
     exps = [replace(e, start_s=max(e.start_s - t0, 0.0), end_s=min(e.end_s - t0, t1))
             for e in tl.exposures if e.end_s > t0 and e.start_s < t0 + t1]
