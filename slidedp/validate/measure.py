@@ -6,13 +6,13 @@ its cases in the file's order. A group whose rank processes fail is reported and
 still run. With `runs` > 1 the group runs that many times, each on a host state of its own
 (method.md section 10: average over 2 runs): a case's step time is the mean of the runs' (each
 run's in `run_step_times_s`, its steps in `run_all_steps_s`); its channel seconds, trace and
-memory figures are the last completed run's. Each run starts with a host check (validate/hostcheck.py),
-kept in the cases' measured.json (`host_check`; every run's in `run_host_checks`). Each run
-writes its case folders under ROOT/.runs/run<K>/ (store.RUNS); as soon as it has completed, each
-becomes the stored case, swapped in whole (store.adopt_run: case.toml, the trace and a
-measured.json with every run completed so far). A validation stopped or failed partway keeps
-every completed run; a stored case is always one measurement's files; a stopped run's finished
-cases stay in its .runs folder.
+memory figures are the last completed run's. Each run starts with a host check
+(validate/hostcheck.py), kept in the cases' measured.json (`host_check`; every run's in
+`run_host_checks`). Each run writes its case folders under ROOT/.runs/run<K>/ (store.RUNS); as
+soon as it has completed, each becomes the stored case, swapped in whole (store.adopt_run:
+case.toml, the trace and a measured.json with every run completed so far). A validation stopped
+or failed partway keeps every completed run; a stored case is always one measurement's files; a
+stopped run's finished cases stay in its .runs folder.
 """
 
 from __future__ import annotations

@@ -102,8 +102,7 @@ def merged_runs(runs: list[dict], asked: int) -> dict:
     last = runs[-1]
     step = statistics.fmean(r["step_time_s"] for r in runs)
     note = (f"step_time_s: the mean of {len(runs)} run{'s' * (len(runs) != 1)} "
-            "(run_step_times_s); channel_s, the "
-            "trace, GPU peak and host PSS: the last run")
+            "(run_step_times_s); channel_s, the trace, GPU peak and host PSS: the last run")
     if len(runs) < asked:
         note += f"; {asked - len(runs)} of the {asked} runs did not complete (failed or stopped)"
     return last | {
