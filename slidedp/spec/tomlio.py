@@ -105,7 +105,8 @@ def sources_of(t: Table, keys: list[str]) -> MappingProxyType:
 
 
 def triples(rows, where: str, name: str, shape: str, width: int = 3) -> list[list]:
-    """A table of rows of `width` (3) positive finite numbers (`shape` names them), else SpecError."""
+    """A table of rows of `width` (3) positive finite numbers (`shape` names them), else
+    SpecError."""
     if not isinstance(rows, list):
         raise SpecError(where, name, f"a list of {shape}, got {rows!r}")
     for r in rows:
