@@ -518,6 +518,10 @@ def test_tiny_cpu_run_writes_every_file(tmp_path, capfd):
         kinds = pred["task_kind_s"]  # per task kind: [measured, simulated] seconds of the step
         assert {"FWD", "BWD", "ADAM"} <= set(kinds) and all(m >= 0 and s >= 0 for m, s in kinds.values())
         assert kinds["FWD"][0] == pytest.approx(measured.kind_seconds()["FWD"])
+        # the GPU agents' tasks with their issue: on CPU the work is done while issuing
+        issue = pred["measured_issue_s"]
+        assert {"FWD", "BWD", "H2D", "D2H"} <= set(issue) and "ADAM" not in issue
+        assert all(during == pytest.approx(span) for span, during in issue.values())
     assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 3
 
 
@@ -571,6 +575,12 @@ def test_a_gpu_tasks_issue_interval_survives_the_trace_file_and_the_shifts(tmp_p
     assert back[(2, "BWD")].issue_start_s == pytest.approx(1.2000004, abs=1e-9)
     assert back[(2, "BWD")].issue_end_s == pytest.approx(1.2100004, abs=1e-9)
     assert (back[(2, "ADAM")].issue_start_s, back[(2, "ADAM")].issue_end_s) == (None, None)
+    # the part of a span before its issue ended: none here (issued before it started), 0.1 s
+    # of the copy issued late, nothing for the CPU task
+    late = Record(2, "D2H", 3, 0, 0, "gpu0.d2h", 2.0, 2.5, 1.9, 2.1)
+    overlap = Timeline([gpu, cpu, late]).issue_overlap_s()
+    assert set(overlap) == {"BWD", "D2H"}
+    assert overlap["BWD"] == pytest.approx((0.25, 0.0)) and overlap["D2H"] == pytest.approx((0.5, 0.1))
     steady = {r.kind: r for r in steady_step(Timeline([before, gpu, cpu])).records}
     assert (steady["BWD"].start_s, steady["BWD"].issue_start_s) == pytest.approx((0.75, 0.7000004))
     assert steady["ADAM"].issue_start_s is None and steady["ADAM"].start_s == pytest.approx(1.0)

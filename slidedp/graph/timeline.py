@@ -97,6 +97,21 @@ class Timeline:
             out[r.kind] += r.end_s - r.start_s
         return {k: v for k, v in out.items() if v > 0}
 
+    def issue_overlap_s(self) -> dict[str, tuple[float, float]]:
+        """Per task kind with issue intervals (measured GPU tasks), (summed span seconds, the
+        part of them while the task's own issue was still under way): a GPU task's span runs from
+        its start event, so the part before its agent had finished enqueueing it is the GPU
+        waiting on the issuing thread (a launch-bound recompute, a copy issued late), not on
+        its work."""
+        out: dict[str, list[float]] = {}
+        for r in self.records:
+            if r.issue_start_s is None or r.issue_end_s is None:
+                continue
+            acc = out.setdefault(r.kind, [0.0, 0.0])
+            acc[0] += r.end_s - r.start_s
+            acc[1] += max(0.0, min(r.end_s, r.issue_end_s) - max(r.start_s, r.issue_start_s))
+        return {k: (span, during) for k, (span, during) in out.items()}
+
     def compute_idle_s(self) -> dict[int, float]:
         """Per rank, the seconds its GPU's compute stream ran nothing: the timeline's span (first
         start to last end, every record) minus the union of that rank's COMPUTE records. On a

@@ -4,7 +4,9 @@ Both come from the same task graph and the given hardware file (profiled or a pr
 knowledge of the measured figures. Beside a measured trace the simulated steady step is written
 as simulated_trace.json.gz (times from the step's start, like the measured one) and the two are
 overlaid per channel in overlay.png, and predicted.json's task_kind_s lists each task kind's
-summed seconds [measured, simulated] (which kind of task the model gets wrong); without one, the
+summed seconds [measured, simulated] (which kind of task the model gets wrong) and, where the
+trace has the GPU tasks' issue intervals, measured_issue_s: each GPU kind's [span seconds, the
+part while its agent was still issuing it] (Timeline.issue_overlap_s); without one, the
 simulated trace is left out (it is reproducible with `slidedp simulate --trace`, and there is
 nothing to compare it with). Where the hardware file gives the host's spread (host.rate_range),
 the simulated figures add `step_time_range_s`: the step simulated with AdamW and the cast at the
@@ -82,6 +84,9 @@ def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) ->
         m_kinds, s_kinds = measured.kind_seconds(), simulated.kind_seconds()
         out["task_kind_s"] = {k: [m_kinds.get(k, 0.0), s_kinds.get(k, 0.0)]
                               for k in dict.fromkeys([*m_kinds, *s_kinds])}
+        issue = measured.issue_overlap_s()
+        if issue:  # traces since 2026-12-02: how much of each GPU kind waited on its issuing
+            out["measured_issue_s"] = {k: list(v) for k, v in issue.items()}
     checks = host_checks(store.read_json(folder / store.MEASURED))
     ratios = [None if c is None or "error" in c else against_profile(c, hw) for c in checks]
     if any(ratios):  # the machine at each run against the hardware file, beside the errors
