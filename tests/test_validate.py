@@ -460,6 +460,13 @@ def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):
                        / store.PREDICTED).read_text())
     assert (pred["hardware"]["name"], pred["hardware"]["notes"]) == ("h200x2", [])
     assert main(["validate", "--predict-only", "--out", str(out), "--select", "nothing*"]) == 2
+    # a case not yet predicted (stored by a validation stopped before its prediction): one line
+    # naming its predicted.json and what to give
+    (out / "h200-qwen3-4b-r1-gb1-mb1-sharded-gpu-rank0-bf16copy" / store.PREDICTED).unlink()
+    capsys.readouterr()
+    assert main(["validate", "--predict-only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "bf16copy/predicted.json" in err and "--hardware" in err and "\n" not in err
 
 
 @pytest.mark.xdist_group("dist")  # two torchrun ranks, with the dist modules

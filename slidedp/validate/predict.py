@@ -24,6 +24,7 @@ from pathlib import Path
 from slidedp.model.predict import predict
 from slidedp.sim.result import SimResult
 from slidedp.sim.simulator import simulate
+from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.validate import store
 from slidedp.validate.cases import Case
@@ -119,6 +120,9 @@ def host_checks(meas: dict) -> list[dict | None]:
 def stored_hardware(folder: Path) -> tuple[str, list[str]]:
     """The hardware a stored prediction used (as a loadable argument) and its notes; the notes
     are dropped when the file changed since (they described the old one)."""
+    if not (folder / store.PREDICTED).is_file():  # e.g. stored by a validation stopped early
+        raise SpecError(str(folder / store.PREDICTED), "hardware",
+                        "an earlier prediction's hardware (none yet: give --hardware)")
     ref = store.read_json(folder / store.PREDICTED)["hardware"]
     arg = store.hardware_arg(ref, folder)
     _, now = store.hardware_ref(arg, folder)
