@@ -287,7 +287,10 @@ class DistSession:
     # ---- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Normal end: peers no longer watch this rank; the process groups are destroyed."""
+        """Normal end: every rank gets here before any tears its groups down (a barrier, with
+        the watchdog still on: a peer that dies instead stops this rank), then peers no longer
+        watch this rank and the process groups are destroyed."""
+        self.barrier()
         self._status[self.rank] = EXITED
         self._stop.set()
         self._watchdog.join()
