@@ -227,7 +227,7 @@ def build(opts: dict, source=None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from slidedp.exec.dist import DistSession, is_rank_process, launch
+    from slidedp.exec.dist import DistSession, is_rank_process, launch, leave_rank
     from slidedp.exec.trainer import preflight
 
     opts = resolve_options(args)
@@ -238,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
                    else None)
         with DistSession(opts["device"], timeout_s=opts["timeout"], num_threads=threads) as sess:
             cfg, source = build(opts)
-            return train(cfg, source, sess)
+            rc = train(cfg, source, sess)
+        leave_rank(rc)
     print(format_config(opts), flush=True)
     source = None
     if opts["plan"] == AUTO:  # the rank processes below read the chosen plan's file

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from slidedp.exec.dist.launch import is_rank_process
-from slidedp.exec.dist.session import DistSession
+from slidedp.exec.dist.session import DistSession, leave_rank
 from slidedp.profile.machine import probe_machine
 from slidedp.spec.plan import team_cores
 from slidedp.validate import store
@@ -101,13 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = max(1, (os.cpu_count() or 1) // R) if a.device == "cpu" else None
     with DistSession(a.device, num_threads=threads) as sess:
         run_group(cases, Path(a.out), meta, sess)
-    # the rank's files are written and its groups destroyed: it leaves without the interpreter's
-    # finalization, as the session's failure exits do. There a rank aborted ("terminate called
-    # without an active exception") in about one of 25 tiny CPU runs on 2026-12-02, after every
-    # figure was written, and the validation reported the case as failed
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_rank(0)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,6 @@ the process and stream contract.
 """
 
 from slidedp.exec.dist.launch import is_rank_process, launch, torchrun_argv
-from slidedp.exec.dist.session import DistSession, PeerFailure
+from slidedp.exec.dist.session import DistSession, PeerFailure, leave_rank
 
-__all__ = ["DistSession", "PeerFailure", "is_rank_process", "launch", "torchrun_argv"]
+__all__ = ["DistSession", "PeerFailure", "is_rank_process", "launch", "leave_rank", "torchrun_argv"]

@@ -46,6 +46,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -313,3 +314,14 @@ class DistSession:
         traceback.print_exception(exc)
         self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)}")
         return False
+
+
+def leave_rank(code: int) -> NoReturn:
+    """The end of a rank process whose work is done and whose session is closed: it leaves
+    without the interpreter's finalization, as the session's failure exits do. There a rank
+    aborted ("terminate called without an active exception") in about one of 25 tiny CPU
+    validations on 2026-12-02, after every file was written, and its launcher reported a
+    failure."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
