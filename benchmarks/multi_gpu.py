@@ -68,7 +68,11 @@ def main() -> int:
         if "RANK" in os.environ:
             from slidedp.exec.dist.session import DistSession
             sess = stack.enter_context(DistSession(device=a.device))
-        return run_cases(a, sess, stack)
+        rc = run_cases(a, sess, stack)
+    if sess is not None:  # a rank process: as the validation's and training's ranks end
+        from slidedp.exec.dist.session import leave_rank
+        leave_rank(rc)
+    return rc
 
 
 def run_cases(a: argparse.Namespace, sess, stack: contextlib.ExitStack) -> int:

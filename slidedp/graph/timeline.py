@@ -60,12 +60,15 @@ class Record:
         return replace(self, start_s=self.start_s + dt_s, end_s=self.end_s + dt_s, **later)
 
 
+ISSUE_ARGS = ("issue_start_us", "issue_end_us")  # a Chrome trace event's args for them
+
+
 def issue_args(r: Record) -> dict:
     """A Chrome trace event's args for a record's issue interval (microseconds, as ts), if any."""
     if r.issue_start_s is None or r.issue_end_s is None:
         return {}
-    return {"issue_start_us": round(r.issue_start_s * 1e6, 3),
-            "issue_end_us": round(r.issue_end_s * 1e6, 3)}
+    return dict(zip(ISSUE_ARGS, (round(r.issue_start_s * 1e6, 3), round(r.issue_end_s * 1e6, 3)),
+                    strict=True))
 
 
 @dataclass(frozen=True)

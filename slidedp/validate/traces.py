@@ -17,7 +17,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from slidedp.graph.timeline import Exposure, Record, Timeline, write_trace_json
+from slidedp.graph.timeline import ISSUE_ARGS, Exposure, Record, Timeline, write_trace_json
 
 US = 1e-6
 GZIP_MAGIC = b"\x1f\x8b"
@@ -73,7 +73,7 @@ def load_trace(path: Path) -> Timeline:
             continue
         kind, unit, *chunk = ev["name"].split()
         args = ev["args"]
-        issue = [args[k] * US if k in args else None for k in ("issue_start_us", "issue_end_us")]
+        issue = [args[k] * US if k in args else None for k in ISSUE_ARGS]
         recs.append(Record(args["iteration"], kind, int(unit[1:]), args["rank"],
                            int(chunk[0][1:]) if chunk else -1, agents[ev["tid"]], s, e, *issue))
     return Timeline(recs, exps, source=doc.get("otherData", {}).get("source", str(path)))
