@@ -200,6 +200,45 @@ def test_teams_run_counts_the_dma_loads_beside_them():
         bench.teams_bps(1, 1, 0.05, [(broken, 1.0)])
 
 
+def test_teams_by_chunk_run_one_task_a_call_on_successive_slices(monkeypatch):
+    """teams_bps(chunk_bytes=c): each cast call stages c / 2 BF16 elements and each AdamW call
+    updates c / 4 parameters, on the next slice of the buffers in turn, and the bytes counted
+    are those calls' (6 B an element, 28 B a parameter); a chunk larger than the buffers is cut
+    to them."""
+    elems = 2**20
+    bench = host_mod.HostBench(elems * 4, 0, 1)
+    adam_sizes, adam_starts = [], []
+
+    def fake_adam(p, g, m, v, step, opt, lr):
+        adam_sizes.append(p.numel())
+        adam_starts.append(p.data_ptr())
+
+    monkeypatch.setattr(host_mod, "adamw_chunk", fake_adam)
+    bench.src.fill_(0.5)
+    bench.cast_src = torch.arange(elems, dtype=torch.float32)
+    casts = []
+    cast_slice = bench._cast_slice
+
+    def counted_cast(s: slice) -> None:
+        casts.append(s.stop - s.start)
+        cast_slice(s)
+
+    monkeypatch.setattr(bench, "_cast_slice", counted_cast)
+    chunk = elems  # BF16 bytes: elems / 2 cast elements, elems / 4 Adam parameters
+    total, cast, teams = bench.teams_bps(1, 1, 0.05, chunk_bytes=chunk)
+    assert set(adam_sizes) == {elems // 4} and set(casts) == {elems // 2}
+    assert len(adam_sizes) >= 2 and len(casts) >= 2  # a warm-up call each, then timed ones
+    base = bench.src.data_ptr()
+    assert {(a - base) // 4 for a in adam_starts} == {0, elems // 4, elems // 2, 3 * elems // 4}
+    assert torch.equal(bench.bf16.float(), bench.cast_src.bfloat16().float())  # both halves cast
+    assert 0 < cast < total == pytest.approx(teams)
+    timed_bytes = ((len(adam_sizes) - 1) * 28 * elems // 4, (len(casts) - 1) * 6 * elems // 2)
+    assert (total - cast) / cast == pytest.approx(timed_bytes[0] / timed_bytes[1])
+    adam_sizes.clear()
+    bench.teams_bps(1, 1, 0.02, chunk_bytes=64 * elems)  # larger than the buffers
+    assert set(adam_sizes) == {elems}
+
+
 def _within(fn, seconds: float = 20.0):
     """fn() in a daemon thread: its exception, or a failure if it has not returned in time."""
     out: list = []
@@ -296,8 +335,10 @@ class _ScriptedBench:
 
     dram_bps = cast_elems_per_s = adam_params_per_s = elems_per_s = _rate
 
-    def teams_bps(self, *args) -> tuple[float, float, float]:
+    def teams_bps(self, *args, chunk_bytes=None) -> tuple[float, float, float]:
         total, cast = self.TEAMS[self.allocation]
+        if chunk_bytes is not None:  # by chunk size: the cast's part grows with the chunk
+            total, cast = total * 1.1, cast * (1 + chunk_bytes / MIB / 100)
         return total, cast, total
 
     def repeats_for(self, n: int) -> int:
@@ -331,8 +372,8 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     round_1 = [s.name for s in steps[:len(threads) + 2]]
     assert round_1 == ["allocate host buffers (4 MiB each), round 1 of 5",
                        *(f"host copy, cast, adam at {n} threads, round 1 of 5" for n in threads),
-                       f"cast and update teams of {team_cores(machine.cores)} threads at once, "
-                       "round 1 of 5"]
+                       f"cast and update teams of {team_cores(machine.cores)} threads at once "
+                       "(whole buffers and by chunk size), round 1 of 5"]
     for step in steps:
         step.run()
     res = prof.res
@@ -345,8 +386,20 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     for kind in benches.values():
         assert {w for b in kind[1:] for w in b.calls} == {0} and set(kind[0].calls) == {2}
     assert res.dram_teams[2:] == (pytest.approx(100e9), pytest.approx(30e9))
+    assert res.dram_teams_chunk == {c * MIB: (pytest.approx(110e9), pytest.approx(30e9 * (1 + c / 100)))
+                                    for c in sizes.chunk_mib}
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
     sources = doc["host"]["sources"]
+    assert doc["host"]["dram_teams_chunk_gbps"] == [[c, 110, pytest.approx(30 * (1 + c / 100))]
+                                                    for c in sizes.chunk_mib]
+    assert "each call one of the executor's tasks" in sources["dram_teams_chunk_gbps"]
+    assert "differed by up to 50%" in sources["dram_teams_chunk_gbps"]
+    by_chunk = parse_hardware(tomllib.loads(dumps(doc)), "rounds.toml").host
+    small, large = (c * MIB for c in (sizes.chunk_mib[0], sizes.chunk_mib[-1]))
+    assert by_chunk.teams_at(large) == (pytest.approx(110e9),
+                                        pytest.approx(30e9 * (1 + large / MIB / 100)))
+    assert by_chunk.teams_at() == (pytest.approx(100e9), pytest.approx(30e9))  # the whole buffers
+    assert by_chunk.cast_weight(small) < by_chunk.cast_weight(large)
     # as a GPU's teams_and_dma sets them
     res.dram_dma, res.dma_weight, res.dma_teams_bps = (2, 2, 1, 150e9), 0.25, 75e9
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
@@ -449,6 +502,31 @@ def test_cast_share_of_the_teams_run_is_checked(tmp_path):
             assert load_hardware(str(f)).host.dram_teams_cast_bps == 30e9
         else:
             with pytest.raises(SpecError, match="host.dram_teams_cast_gbps.*(beside|got 110)"):
+                load_hardware(str(f))
+
+
+def test_teams_by_chunk_table_is_checked(tmp_path):
+    """dram_teams_chunk_gbps: rows [chunk_mib, GB/s, cast GB/s] by chunk strictly increasing,
+    the cast's part below the total, only beside the whole-buffer run's split."""
+    base = (preset_dir() / "h200x1.toml").read_text()
+    whole = "dram_teams_gbps = [12, 12, 110.0]\ndram_teams_cast_gbps = 30.0\n"
+    f = tmp_path / "chunks.toml"
+    for extra, ok in ((whole + "dram_teams_chunk_gbps = [[64, 100.0, 30.0], [256, 110, 40]]\n",
+                       True),
+                      ("dram_teams_chunk_gbps = [[64, 100.0, 30.0]]\n", False),  # no whole run
+                      (whole + "dram_teams_chunk_gbps = [[256, 100.0, 30.0], [64, 110, 40]]\n",
+                       False),  # not by chunk
+                      (whole + "dram_teams_chunk_gbps = [[64, 100.0, 100.0]]\n", False),
+                      (whole + "dram_teams_chunk_gbps = [[64, 100.0]]\n", False)):
+        f.write_text(base.replace("[host]\n", "[host]\n" + extra, 1))
+        if ok:
+            h = load_hardware(str(f)).host
+            assert h.dram_teams_chunk == ((64 * MIB, 100e9, 30e9), (256 * MIB, 110e9, 40e9))
+            assert h.teams_at(128 * MIB) == (pytest.approx(105e9), pytest.approx(35e9))
+            assert h.teams_at(16 * MIB) == (pytest.approx(100e9), pytest.approx(30e9))  # clamped
+            assert h.team_dram_bps(12, 256 * MIB) == pytest.approx(min(110e9, h.dram_bps))
+        else:
+            with pytest.raises(SpecError, match="host.dram_teams_chunk_gbps"):
                 load_hardware(str(f))
 
 

@@ -106,12 +106,12 @@ def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
 
 def dram_bps(g: TaskGraph, hw: HardwareSpec) -> float:
     """The host DRAM cap of this graph: HostSpec.team_dram_bps at its largest CPU team (the
-    cast team, or the update workers' teams together, which run at once; at most the cores);
-    the full dram_bps for graphs built without team sizes."""
+    cast team, or the update workers' teams together, which run at once; at most the cores)
+    and its upload chunk; the full dram_bps for graphs built without team sizes."""
     if "cast_threads" not in g.meta:
         return hw.host.dram_bps
     team = max(g.meta["cast_threads"], g.meta["update_threads"])
-    return hw.host.team_dram_bps(min(team, hw.host.cores))
+    return hw.host.team_dram_bps(min(team, hw.host.cores), g.meta.get("chunk_bytes"))
 
 
 def task_core_share(g: TaskGraph) -> np.ndarray:

@@ -33,6 +33,7 @@ from slidedp.profile.pcie import DIRECTIONS
 from slidedp.profile.run import (
     CAST_CHUNK,
     TEAMS_ALONE,
+    TEAMS_CHUNK,
     TEAMS_S_PER_ROUND,
     TEAMS_WITH_DMA,
     Request,
@@ -378,6 +379,20 @@ class Assembler:
                 "measured: the cast team's own part of dram_teams_gbps, 6 B x cast elements / "
                 f"time, {rounds_rule(s.host_rounds)} of the rounds (the rest is the update team's; "
                 "HostSpec.cast_weight)")
+            if res.dram_teams_chunk:
+                t["dram_teams_chunk_gbps"] = [[c // MIB, g4(bps / GB), g4(cast / GB)]
+                                              for c, (bps, cast) in sorted(
+                                                  res.dram_teams_chunk.items())]
+                t["sources"]["dram_teams_chunk_gbps"] = m.source(
+                    "measured: the teams of dram_teams_gbps, each call one of the executor's "
+                    "tasks at a PCIe chunk size instead of a whole buffer (a cast of the chunk's "
+                    "BF16 elements, chunk_mib / 2 B, an AdamW of the FP32 gradient chunk's "
+                    "parameters, chunk_mib / 4 B, each on the next slice of its buffers), at once "
+                    f"for {TEAMS_S_PER_ROUND:g} s in each round after the whole-buffer run: "
+                    "[chunk_mib, (6 B x cast elements + 28 B x Adam parameters) / time, the "
+                    f"cast's 6 B x elements / time], {rounds_rule(s.host_rounds)} of the rounds "
+                    f"(they differed by up to {res.host_rounds.spread(TEAMS_CHUNK):.0%}; "
+                    "HostSpec.teams_at)")
         if res.dram_dma is not None:
             ct, ut, gpus, bps = res.dram_dma
             t["dram_dma_gbps"] = [ct, ut, gpus, g4(bps / GB)]

@@ -16,6 +16,10 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          their own: (6 B x cast elements + 28 B x Adam parameters) / time, the DRAM traffic the
          executor's default teams reach together (the model's host DRAM cap, HostSpec.team_dram_bps),
          and the cast's own part of it (how the two share it, HostSpec.cast_weight)
+  teams by chunk  the same, each team's call one of the executor's tasks at a PCIe chunk size
+         instead of a whole buffer (a CAST of the chunk's BF16 elements, an ADAM of the FP32
+         gradient chunk's parameters, on successive slices): the two teams as the executor's
+         chunking makes them meet (HostSpec.dram_teams_chunk)
   teams + DMA   the same with every GPU copying both ways at once beside them (PCIe: pinned
          buffers, pcie.PcieBench.dma_loads): (the teams' bytes + the copies' bytes) / time, all the
          host-memory traffic of the executor's mix (HostSpec.memory_bps); and against the teams
@@ -56,7 +60,7 @@ from slidedp.exec.engine import own_omp_team
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister, private_shared
 from slidedp.profile.machine import Machine
 from slidedp.profile.timing import run_together, wall_median_s
-from slidedp.spec.model import FP32
+from slidedp.spec.model import BF16, FP32
 
 ADAM_DRAM_BYTES_PER_PARAM = 28  # read p, m, v, g; write p, m, v (FP32)
 CAST_DRAM_BYTES_PER_ELEM = 6  # read FP32, write BF16
@@ -116,21 +120,31 @@ class HostBench:
         return self.elems / self._median_s(lambda: self._adam_step(bf16_grad), threads)
 
     def teams_bps(self, cast_threads: int, update_threads: int, seconds: float,
-                  dma: Sequence[tuple[Callable[[], None], float]] = ()
-                  ) -> tuple[float, float, float]:
+                  dma: Sequence[tuple[Callable[[], None], float]] = (),
+                  chunk_bytes: int | None = None) -> tuple[float, float, float]:
         """DRAM bytes/s of a cast team and an update team running at once (module docstring),
         with `dma` loads beside them (each a call and the host-memory bytes one call moves, run
         in a thread of its own: every GPU's copies, PcieBench.dma_loads): one warm-up call each,
-        then all loop from a common start for `seconds`. Returns (the bytes all moved, the bytes
-        the cast team moved, the bytes both teams moved), each over the time from the first start
-        to the last end. A load that raises stops the others at the start barrier (or lets them
-        finish) and the run raises RuntimeError from its error."""
+        then all loop from a common start for `seconds`. With `chunk_bytes` (a PCIe chunk), each
+        call of a team is one of the executor's tasks at that chunk size instead of a whole
+        buffer: a CAST of chunk_bytes / 2 elements (the BF16 chunk it stages), an ADAM of
+        chunk_bytes / 4 parameters (the FP32 gradient chunk one D2H brings), each on the next
+        slice of its buffers in turn. Returns (the bytes all moved, the bytes the cast team
+        moved, the bytes both teams moved), each over the time from the first start to the last
+        end. A load that raises stops the others at the start barrier (or lets them finish) and
+        the run raises RuntimeError from its error."""
         if self.cast_src is None:  # the cast's own master: Adam writes `src`
             self.cast_src = self.state_memory(self.elems, torch.float32).fill_(0.25)
-        cast_src = self.cast_src
-        loads = [(cast_threads, lambda: self.bf16.copy_(cast_src),
-                  self.elems * CAST_DRAM_BYTES_PER_ELEM),
-                 (update_threads, self._adam_step, self.elems * ADAM_DRAM_BYTES_PER_PARAM),
+        if chunk_bytes is None:
+            cast_src = self.cast_src
+            cast, cast_elems = (lambda: self.bf16.copy_(cast_src)), self.elems
+            adam, adam_params = self._adam_step, self.elems
+        else:
+            cast, cast_elems = self._sliced(min(self.elems, chunk_bytes // BF16), self._cast_slice)
+            adam, adam_params = self._sliced(min(self.elems, chunk_bytes // FP32),
+                                             self._adam_slice)
+        loads = [(cast_threads, cast, cast_elems * CAST_DRAM_BYTES_PER_ELEM),
+                 (update_threads, adam, adam_params * ADAM_DRAM_BYTES_PER_PARAM),
                  *((0, fn, nbytes) for fn, nbytes in dma)]
         moved = [0.0] * len(loads)
         spans = [(0.0, 0.0)] * len(loads)
@@ -154,6 +168,26 @@ class HostBench:
                      "a load of the teams-at-once run")
         span_s = max(e for _, e in spans) - min(s for s, _ in spans)
         return sum(moved) / span_s, moved[0] / span_s, (moved[0] + moved[1]) / span_s
+
+    def _sliced(self, n: int, kernel: Callable[[slice], None]) -> tuple[Callable[[], None], int]:
+        """A call running `kernel` on the next of the buffers' slices of `n` elements, in turn,
+        and n."""
+        slices, calls = self.elems // n, 0
+
+        def call() -> None:
+            nonlocal calls
+            k = calls % slices
+            calls += 1
+            kernel(slice(k * n, (k + 1) * n))
+        return call, n
+
+    def _cast_slice(self, s: slice) -> None:
+        self.bf16[s].copy_(self.cast_src[s])
+
+    def _adam_slice(self, s: slice) -> None:
+        self.adam_steps += 1
+        adamw_chunk(self.src[s], self.dst[s], self.m[s], self.v[s], self.adam_steps, self.opt,
+                    self.opt.lr)
 
 
 def quick_bench(m: Machine, nbytes: int | None = None,

@@ -35,6 +35,7 @@ CAST_CHUNK = "cast chunk"  # ... the cast by chunk size's
 TEAMS_ALONE, TEAMS_WITH_DMA = "teams", "teams with dma"  # ... the teams-at-once runs' totals
 TEAMS = (TEAMS_ALONE, TEAMS_WITH_DMA)
 TEAMS_CAST, TEAMS_BESIDE_DMA = "teams cast", "teams beside dma"  # ... the cast's, theirs
+TEAMS_CHUNK, TEAMS_CHUNK_CAST = "teams by chunk", "teams by chunk cast"  # ... by chunk size
 DMA_WEIGHT = "dma weight"  # ... each teams-with-DMA run's dma_weight_sample
 TEAMS_S_PER_ROUND = 0.25  # one round's teams-at-once run: 1.75 s over the quick profile's 7
 
@@ -70,13 +71,17 @@ class Results:
     # the samples of those four, of the cast by chunk size and of the teams at once, one per
     # round, each round on fresh buffers (timing.Rounds): keys (kernel, threads) with kernel in
     # HOST_KERNELS, ("cast chunk", chunk bytes, threads), ("teams", cast threads, update
-    # threads) and ("teams cast", ...) its cast team's part, ("teams with dma", cast threads,
+    # threads) and ("teams cast", ...) its cast team's part, ("teams by chunk", chunk bytes) and
+    # ("teams by chunk cast", chunk bytes) the same by chunk size, ("teams with dma", cast threads,
     # update threads, GPUs), ("teams beside dma", ...) the teams' own part of it and ("dma
     # weight", ...) each of its runs' dma_weight_sample
     host_rounds: Rounds = field(default_factory=Rounds)
     # the cast and update teams at once, over the rounds: (cast threads, update threads, DRAM
     # bytes/s, the cast team's bytes/s)
     dram_teams: tuple[int, int, float, float] | None = None
+    # the same with each team's call one task at a PCIe chunk size (host.HostBench.teams_bps):
+    # chunk bytes -> (DRAM bytes/s, the cast team's bytes/s)
+    dram_teams_chunk: dict[int, tuple[float, float]] = field(default_factory=dict)
     # the same with every GPU's duplex copies, over its runs: (cast threads, update threads,
     # GPUs, bytes/s)
     dram_dma: tuple[int, int, int, float] | None = None
@@ -170,11 +175,18 @@ class Profiler:
         team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
         teams_keys = ((TEAMS_ALONE, team, team), (TEAMS_CAST, team, team))
 
+        chunks = [c * MIB for c in s.chunk_mib]  # as the cast by chunk size's
+
         def teams():
             for key, bps in zip(teams_keys,
                                 self._host.teams_bps(team, team, TEAMS_S_PER_ROUND)[:2],
                                 strict=True):
                 r.host_rounds.add(key, bps)
+            for c in chunks:
+                total, cast = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND,
+                                                   chunk_bytes=c)[:2]
+                r.host_rounds.add((TEAMS_CHUNK, c), total)
+                r.host_rounds.add((TEAMS_CHUNK_CAST, c), cast)
 
         def rates():
             tables = (r.dram_bps, r.cast_elems_per_s, r.adam_params_per_s,
@@ -183,6 +195,8 @@ class Profiler:
                 for kernel, table in zip(HOST_KERNELS, tables, strict=True):
                     table[n] = r.host_rounds.rate((kernel, n))
             r.dram_teams = (team, team, *(r.host_rounds.rate(k) for k in teams_keys))
+            r.dram_teams_chunk = {c: (r.host_rounds.rate((TEAMS_CHUNK, c)),
+                                      r.host_rounds.rate((TEAMS_CHUNK_CAST, c))) for c in chunks}
 
         rounds, mib = s.host_rounds, r.host_bytes // MIB
         steps = []
@@ -191,8 +205,8 @@ class Profiler:
                               self._alloc_host))
             steps += [Step(f"host copy, cast, adam at {n} threads, round {k + 1} of {rounds}",
                            lambda n=n, k=k: sample(n, k)) for n in r.threads]
-            steps.append(Step(f"cast and update teams of {team} threads at once, round {k + 1} "
-                              f"of {rounds}", teams))
+            steps.append(Step(f"cast and update teams of {team} threads at once (whole buffers "
+                              f"and by chunk size), round {k + 1} of {rounds}", teams))
         steps.append(Step("host rates over the rounds", rates))
         return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
 

@@ -56,6 +56,11 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
         line = (f"host memory traffic: cast {ct} + update {ut} threads at once {bps / GB:.1f} GB/s"
                 f" (the cast {cast_bps / GB:.1f}; its weight beside Adam "
                 f"{spec.host.cast_weight():.2f})")
+        if res.dram_teams_chunk:
+            line += "; by chunk: " + ", ".join(
+                f"{c // MIB} MiB {bps / GB:.1f} (the cast {cast / GB:.1f}, weight "
+                f"{spec.host.cast_weight(c):.2f})"
+                for c, (bps, cast) in sorted(res.dram_teams_chunk.items()))
         if res.dram_dma is not None:
             line += f"; with {res.dram_dma[2]} GPU(s) copying both ways {res.dram_dma[3] / GB:.1f} GB/s"
             if res.dma_weight is not None:

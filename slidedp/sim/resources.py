@@ -38,8 +38,9 @@ Sharing rule, in stages, recomputed whenever a task starts or ends:
      on it freeze at their speed; when a task reaches its ceiling from stage 1 it freezes; the
      others keep rising. Equal weights = equal fractions of each task's own full rate, so two
      identical DMAs through a saturated host cap get equal bytes/s. Every weight is 1 but the
-     CAST's: HostSpec.cast_weight, from the profile's teams-at-once run, where the cast team got
-     a smaller fraction of its own rate than the update team beside it (1 where not measured).
+     CAST's: HostSpec.cast_weight, from the profile's teams-at-once run (at the graph's upload
+     chunk where the profile ran the teams by chunk size), where the cast team got a smaller
+     fraction of its own rate than the update team beside it (1 where not measured).
   3. copies beside CPU kernels (where the profile measured HostSpec.dma_slowdown_bps S): with
      the copies moving D bytes/s of host memory (their host.mem draws at their speeds), every
      CPU task's ceiling and host.dram's capacity are scaled by k = S / (S + D), and stage 2 runs
@@ -167,7 +168,7 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     gb = grad_bytes(g)
     curves = {int(Kind.ADAM): lambda threads: hw.host.adam_rate(threads, gb)}
     cast_curves: dict[float, Callable[[float], float]] = {}  # chunk elements -> its thread curve
-    cast_weight = hw.host.cast_weight()
+    cast_weight = hw.host.cast_weight(g.meta.get("chunk_bytes"))
     work = g.work.tolist()
     coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
     # the copies' draw on the CPU kernels' cap where the slowdown stands for it (stage 3; the

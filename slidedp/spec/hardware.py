@@ -23,6 +23,10 @@ Schema (units in names):
               of a cast team and an update team at once (slidedp profile; HostSpec.team_dram_bps)
               dram_teams_cast_gbps  (optional, with dram_teams_gbps) the cast team's own share of
               that traffic (the rest is the update team's; HostSpec.cast_weight)
+              dram_teams_chunk_gbps = [[chunk_mib, GB/s, cast GB/s], ...]  (optional, with
+              dram_teams_gbps) the same two teams with each call one task at a PCIe chunk size
+              (chunk_mib as cast_chunk_gelem_per_s'), and the cast's part; by chunk_mib. When
+              present, a graph's cap and cast weight take its upload chunk's (HostSpec.teams_at)
               dram_dma_gbps = [cast threads, update threads, GPUs, GB/s]  (optional) the same with
               every GPU copying both ways beside them: all host-memory traffic (HostSpec.memory_bps)
               dram_dma_weight  (optional, with dram_dma_gbps) in [0, 1]: the teams' traffic a

@@ -34,6 +34,10 @@ class HostSpec:
     dram_teams: tuple[float, float, float] | None = None
     # the cast team's bytes/s in that run; None: not measured (profiles before 2026-12-01 01:50)
     dram_teams_cast_bps: float | None = None
+    # the same teams by chunk size, each call one task at a PCIe chunk size: (chunk BF16 bytes,
+    # DRAM bytes/s, the cast team's bytes/s), by chunk; (): not measured (profiles before
+    # 2026-12-02 03:30)
+    dram_teams_chunk: tuple[tuple[float, float, float], ...] = ()
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
     dram_dma: tuple[float, float, float, float] | None = None
@@ -87,27 +91,42 @@ class HostSpec:
             return self.adam_bf16_grad_params_per_s.at(threads)
         return self.adam_params_per_s.at(threads)
 
-    def team_dram_bps(self, threads: float) -> float:
+    def team_dram_bps(self, threads: float, chunk_bytes: float | None = None) -> float:
         """DRAM bytes/s the host reaches when its CPU work runs in teams of `threads` threads,
         at most dram_bps (the most traffic any measured kernel moved, at any thread count):
         measured, where the profile ran the cast and update teams at once (dram_teams) with
-        teams at least this large; else the most traffic the measured kernels (Adam, the cast)
-        moved at `threads`. Fewer threads keep fewer memory requests in flight: on
+        teams at least this large (at the chunk size `chunk_bytes`: teams_at); else the most
+        traffic the measured kernels (Adam, the cast) moved at `threads`. Fewer threads keep fewer memory requests in flight: on
         nvidia-h200-x2, Adam moves 150 GB/s at 24 threads against 164 at 32, and the executor's
         measured traces draw about 150 GB/s while its 24-thread update team runs (validation
         h200x2-8b-*)."""
         if self.dram_teams is not None and threads >= min(self.dram_teams[:2]):
-            return min(self.dram_bps, self.dram_teams[2])
+            return min(self.dram_bps, self.teams_at(chunk_bytes)[0])
         kernels = max(self.adam_rate(threads) * self.adam_dram_bytes_per_param,
                       self.cast_rate(threads) * self.cast_dram_bytes_per_elem)
         return min(self.dram_bps, kernels)
 
-    def cast_weight(self) -> float:
+    def teams_at(self, chunk_bytes: float | None = None) -> tuple[float, float | None]:
+        """(DRAM bytes/s, the cast team's bytes/s or None) of the teams at once: with
+        `chunk_bytes` and a dram_teams_chunk table, the run by chunk size at that chunk (linear
+        in log chunk size between the measured chunks, clamped at the smallest and the largest);
+        else the whole-buffer run (dram_teams, dram_teams_cast_bps). On nvidia-h200 the
+        executor's backward ran its cast beside the update 1.73x slower than alone at 256 MiB
+        chunks and 2.17x at 64 MiB (validation h200m0013-4b-r1-gb1-*), where the whole-buffer
+        run's split said 2.65x."""
+        if chunk_bytes is None or not self.dram_teams_chunk:
+            return self.dram_teams[2], self.dram_teams_cast_bps
+        rows = {c: (total, cast) for c, total, cast in self.dram_teams_chunk}
+        keys = list(rows)
+        return (log_between(keys, chunk_bytes, lambda c: rows[c][0]),
+                log_between(keys, chunk_bytes, lambda c: rows[c][1]))
+
+    def cast_weight(self, chunk_bytes: float | None = None) -> float:
         """How much of a saturated host-memory cap a CAST gets beside the update's ADAM, relative
-        to it (the simulator's stage-2 weight, sim/resources.py): from the teams-at-once run,
-        (the cast team's bytes there / its bytes alone) / (the update team's bytes there / its
-        bytes alone), each alone at its own team size. 1 (equal fractions of their own rates)
-        where the profile did not record the split. On nvidia-h200-x2 (24 + 24 threads on 32
+        to it (the simulator's stage-2 weight, sim/resources.py): from the teams-at-once run at
+        `chunk_bytes` (teams_at), (the cast team's bytes there / its bytes alone) / (the update
+        team's bytes there / its bytes alone), each alone at its own team size. 1 (equal
+        fractions of their own rates) where the profile did not record the split. On nvidia-h200-x2 (24 + 24 threads on 32
         cores) a 64 MiB cast took 2.15 ms alone and 7.5 ms beside the update
         (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two.
         Approximations: the cast's rate alone is the large-buffer one (a CAST task runs at its
@@ -115,14 +134,14 @@ class HostSpec:
         against the DMA too, though measured against Adam at the profile's teams only."""
         if self.dram_teams is None or self.dram_teams_cast_bps is None:
             return 1.0
-        cast_t, update_t, total = self.dram_teams
-        if not 0 < self.dram_teams_cast_bps < total:
-            raise ValueError(f"dram_teams_cast_bps {self.dram_teams_cast_bps:g} outside (0, "
-                             f"{total:g}), the teams' total")
-        cast_alone = self.cast_rate(cast_t) * self.cast_dram_bytes_per_elem
+        cast_t, update_t, _ = self.dram_teams
+        total, cast = self.teams_at(chunk_bytes)
+        if not 0 < cast < total:
+            raise ValueError(f"the cast team's {cast:g} B/s outside (0, {total:g}), the teams'")
+        cast_elems = None if chunk_bytes is None else chunk_bytes / BF16
+        cast_alone = self.cast_rate(cast_t, cast_elems) * self.cast_dram_bytes_per_elem
         adam_alone = self.adam_rate(update_t) * self.adam_dram_bytes_per_param
-        return ((self.dram_teams_cast_bps / cast_alone)
-                / ((total - self.dram_teams_cast_bps) / adam_alone))
+        return (cast / cast_alone) / ((total - cast) / adam_alone)
 
     def memory_bps(self) -> float | None:
         """Bytes/s of all host-memory traffic at once, the GPUs' DMA included: measured where
@@ -165,7 +184,8 @@ def parse_host(t: Table) -> HostSpec:
     keys = ["cores", "ram_gib", "dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s",
             "adam_dram_bytes_per_param", "cast_dram_bytes_per_elem"]
     src = sources_of(t, keys + [k for k in ("cast_chunk_gelem_per_s", "dram_teams_gbps",
-                                          "dram_teams_cast_gbps", "dram_dma_gbps",
+                                          "dram_teams_cast_gbps", "dram_teams_chunk_gbps",
+                                          "dram_dma_gbps",
                                           "dram_dma_weight", "dram_dma_teams_gbps",
                                           "adam_bf16_grad_gparam_per_s", "agent_gap_us",
                                           "rate_range")
@@ -191,6 +211,12 @@ def parse_host(t: Table) -> HostSpec:
                                                    "host.dram_dma_gbps",
                                                    "[cast threads, update threads, GPUs, GB/s]", 4)
         dma = (cast_t, update_t, gpus, gbps * GB)
+    teams_chunk = ()
+    if t.has("dram_teams_chunk_gbps"):
+        if teams_cast is None:
+            raise SpecError(t.where, "host.dram_teams_chunk_gbps",
+                            "only beside host.dram_teams_cast_gbps (the whole-buffer run)")
+        teams_chunk = _teams_chunks(t.raw("dram_teams_chunk_gbps"), t.where)
     dma_weight = 0.0
     if t.has("dram_dma_weight"):
         if dma is None:
@@ -221,8 +247,9 @@ def parse_host(t: Table) -> HostSpec:
     h = HostSpec(t.int("cores"), t.num("ram_gib") * GIB, t.num("dram_gbps") * GB, cast, adam,
                  t.num("adam_dram_bytes_per_param"), t.num("cast_dram_bytes_per_elem"), src,
                  _cast_chunks(t.raw("cast_chunk_gelem_per_s", []), t.where,
-                              src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast, dma,
-                 dma_weight, dma_teams, adam_bf16, _agent_gaps(t.raw("agent_gap_us", {}), t.where),
+                              src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast,
+                 teams_chunk, dma, dma_weight, dma_teams, adam_bf16,
+                 _agent_gaps(t.raw("agent_gap_us", {}), t.where),
                  _rate_range(t.raw("rate_range", {}), t.where))
     t.done()
     return h
@@ -269,6 +296,22 @@ def _agent_gaps(table, where: str) -> MappingProxyType:
             raise SpecError(where, f"{name}.{k}", f"microseconds in [0, 10000), got {v!r}")
         out[k] = float(v) * 1e-6
     return MappingProxyType(out)
+
+
+def _teams_chunks(rows, where: str) -> tuple[tuple[float, float, float], ...]:
+    """host.dram_teams_chunk_gbps rows -> ((chunk BF16 bytes, bytes/s, the cast's bytes/s), ...),
+    by chunk_mib strictly increasing, each cast part below its total."""
+    name, last, out = "host.dram_teams_chunk_gbps", 0.0, []
+    for c, total, cast in triples(rows, where, name, "[chunk_mib, GB/s, cast GB/s]"):
+        if c <= last:
+            raise SpecError(where, name, f"rows by chunk_mib strictly increasing, got {c} after "
+                                         f"{last}")
+        if cast >= total:
+            raise SpecError(where, name, f"the cast's GB/s below the teams' at chunk_mib {c}, got "
+                                         f"{cast} of {total}")
+        last = c
+        out.append((c * MIB, total * GB, cast * GB))
+    return tuple(out)
 
 
 def _cast_chunks(rows, where: str, source: str) -> tuple[tuple[float, RateCurve], ...]:
