@@ -138,7 +138,9 @@ class HostSpec:
         total, cast = self.teams_at(chunk_bytes)
         if not 0 < cast < total:
             raise ValueError(f"the cast team's {cast:g} B/s outside (0, {total:g}), the teams'")
-        cast_elems = None if chunk_bytes is None else chunk_bytes / BF16
+        # alone at the size the teams ran at: the chunk's, or the whole buffer's
+        cast_elems = None if chunk_bytes is None or not self.dram_teams_chunk else (
+            chunk_bytes / BF16)
         cast_alone = self.cast_rate(cast_t, cast_elems) * self.cast_dram_bytes_per_elem
         adam_alone = self.adam_rate(update_t) * self.adam_dram_bytes_per_param
         return (cast / cast_alone) / ((total - cast) / adam_alone)
