@@ -14,7 +14,7 @@ import pytest
 
 from slidedp.graph import build_graph
 from slidedp.graph.build import team_share
-from slidedp.graph.costs import resource_use, task_core_share, task_durations
+from slidedp.graph.costs import dram_bps, resource_use, task_core_share, task_durations
 from slidedp.graph.tasks import Kind
 from slidedp.model.predict import predict
 from slidedp.sim.resources import task_flows_spec
@@ -118,6 +118,30 @@ def test_the_cast_weight_reaches_the_simulated_casts_only(hw_chunks):
     plan = default_plan("nvswitch")
     equal = replace(hw, host=replace(host, dram_teams_cast_bps=None))
     assert simulate(hw, wl, plan).step_time_s != simulate(equal, wl, plan).step_time_s
+
+
+def test_the_teams_by_chunk_size_set_the_graphs_cap_and_cast_weight(hw_chunks):
+    """With the teams measured by chunk size, a graph's host DRAM cap and its CASTs' weight are
+    those at its upload chunk (HostSpec.teams_at), not the whole-buffer run's; the simulated step
+    follows them."""
+    mib = 2**20
+    table = ((16 * mib, 80e9, 20e9), (64 * mib, 90e9, 25e9), (256 * mib, 100e9, 34e9))
+    host = replace(hw_chunks.host, dram_teams=(24, 24, 140e9), dram_teams_cast_bps=30e9,
+                   dram_teams_chunk=table)
+    hw = replace(hw_chunks, host=host)
+    plan = default_plan("nvswitch")
+    for chunk_mib, total, cast in ((64, 90e9, 25e9), (256, 100e9, 34e9), (128, 95e9, 29.5e9)):
+        wl, g = _graph(chunk_mib)
+        assert host.teams_at(chunk_mib * mib) == (pytest.approx(total), pytest.approx(cast))
+        assert dram_bps(g, hw) == pytest.approx(min(total, host.dram_bps))
+        d = task_durations(g, hw, wl)
+        specs = task_flows_spec(g, d, resource_use(g, hw, d), hw, 0.0)
+        weight = host.cast_weight(chunk_mib * mib)
+        assert weight != pytest.approx(host.cast_weight())
+        assert all(specs[v][3] == weight for v in _casts(g))
+    wl, _ = _graph()
+    whole = replace(hw, host=replace(host, dram_teams_chunk=()))
+    assert simulate(hw, wl, plan).step_time_s != simulate(whole, wl, plan).step_time_s
 
 
 def test_predict_runs_with_the_chunk_table(hw_chunks):
