@@ -49,15 +49,13 @@
 #   bash benchmarks/next_gpu_session.sh h200-matrix OUT GLOB [BUDGET_S] # nvidia-h200: the
 #                                                      #   matrix cases matching GLOB by the protocol
 #                                                      #   on this lease's profile, within BUDGET_S
-# Left after the 2026-12-02 00:13-00:41 calls (the 12-configuration h200 matrix on one lease:
-# simulated 4.3% mean, 12.7% max; its 4B host-bound cases at 256 MiB over-predicted by 9-13%,
-# the executor 10% faster there than at 64 MiB while the simulator predicts both alike:
-# benchmarks/RESULTS.md), in order: on any H200, `h200-matrix` again (its traces now hold each
-# GPU task's issue interval: are the 64 MiB recompute's and copies' stretched spans the agents'
-# issuing?), the profile's teams-at-once run with the executor's chunking (64 and 256 MiB
-# kernels, not 600 MiB loops); `x2-val` when nvidia-h200-x2 is lent (issue 6:
-# the x2 matrix on a profile with the DMA weight; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b
-# ap 4` and `ap-confirm` on the x2 (issue 8 on the second kind); `x4` / x8 when lent (issue 7).
+# Left after the 2026-12-02 02:58-03:26 calls (the 12-configuration h200 matrix on one profile
+# with the teams by chunk size: simulated 2.3% mean, 6.4% max; benchmarks/RESULTS.md), in order:
+# `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on a profile with the DMA weight
+# and the teams by chunk size; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4` and
+# `ap-confirm` on the x2 (issue 8 on the second kind); `x4` / x8 when lent (issue 7); on any
+# H200, the GPU tasks' issue time under the chunk agents (the 64 MiB recompute at micro-batch 1
+# is its issuing, per the traces' issue intervals) and the 64 MiB D2H's stretch.
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
