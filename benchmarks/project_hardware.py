@@ -37,8 +37,8 @@ from slidedp.spec.hardware import load_hardware  # noqa: E402
 from slidedp.spec.plan import team_cores  # noqa: E402
 
 HOST_RATES = ("dram_gbps", "cast_gelem_per_s", "adam_gparam_per_s", "adam_bf16_grad_gparam_per_s",
-              "dram_teams_gbps", "dram_teams_cast_gbps", "dram_dma_gbps", "dram_dma_weight",
-              "dram_dma_teams_gbps", "cast_chunk_gelem_per_s", "rate_range")
+              "dram_teams_gbps", "dram_teams_cast_gbps", "dram_teams_chunk_gbps", "dram_dma_gbps",
+              "dram_dma_weight", "dram_dma_teams_gbps", "cast_chunk_gelem_per_s", "rate_range")
 THREAD_CURVES = {"cast_gelem_per_s": 0, "adam_gparam_per_s": 0, "adam_bf16_grad_gparam_per_s": 0,
                  "cast_chunk_gelem_per_s": 1}  # curve -> index of the thread count in a point
 ALL_GPU_PCIE = ("all_h2d_gbps", "all_d2h_gbps", "all_total_gbps")

@@ -121,27 +121,40 @@ def test_the_cast_weight_reaches_the_simulated_casts_only(hw_chunks):
 
 
 def test_the_teams_by_chunk_size_set_the_graphs_cap_and_cast_weight(hw_chunks):
-    """With the teams measured by chunk size, a graph's host DRAM cap and its CASTs' weight are
-    those at its upload chunk (HostSpec.teams_at), not the whole-buffer run's; the simulated step
-    follows them."""
+    """With the teams measured by chunk size, a graph whose CPU tasks are those measured there
+    (its upload chunk, an FP32 gradient chunk as large) takes the host DRAM cap and the CASTs'
+    weight at its upload chunk (HostSpec.teams_at), not the whole-buffer run's; another graph
+    keeps the whole-buffer figures; the simulated step follows them."""
     mib = 2**20
     table = ((16 * mib, 80e9, 20e9), (64 * mib, 90e9, 25e9), (256 * mib, 100e9, 34e9))
     host = replace(hw_chunks.host, dram_teams=(24, 24, 140e9), dram_teams_cast_bps=30e9,
                    dram_teams_chunk=table)
     hw = replace(hw_chunks, host=host)
-    plan = default_plan("nvswitch")
+    wl = Workload(load_model("qwen3-0.6b"), 512, 2, 1, 2)
+    base = default_plan("nvswitch")
+
+    def graph(h2d_mib: float, d2h_mib: float):
+        plan = Plan(**{**base.__dict__, "h2d_chunk_mib": h2d_mib, "d2h_chunk_mib": d2h_mib})
+        return plan, build_graph(wl, plan, cores=32, iterations=1)
+
     for chunk_mib, total, cast in ((64, 90e9, 25e9), (256, 100e9, 34e9), (128, 95e9, 29.5e9)):
-        wl, g = _graph(chunk_mib)
+        plan, g = graph(chunk_mib, chunk_mib)
         assert host.teams_at(chunk_mib * mib) == (pytest.approx(total), pytest.approx(cast))
         assert dram_bps(g, hw) == pytest.approx(min(total, host.dram_bps))
         d = task_durations(g, hw, wl)
         specs = task_flows_spec(g, d, resource_use(g, hw, d), hw, 0.0)
-        weight = host.cast_weight(chunk_mib * mib)
+        # by hand: the cast's share of its rate alone at the chunk (chunk / 2 B elements, 6 B
+        # each) over the update's at its whole-buffer rate (28 B a parameter)
+        weight = ((cast / (host.cast_rate(24, chunk_mib * mib / 2) * 6))
+                  / ((total - cast) / (host.adam_rate(24) * 28)))
+        assert host.cast_weight(chunk_mib * mib) == pytest.approx(weight)
         assert weight != pytest.approx(host.cast_weight())
-        assert all(specs[v][3] == weight for v in _casts(g))
-    wl, _ = _graph()
-    whole = replace(hw, host=replace(host, dram_teams_chunk=()))
-    assert simulate(hw, wl, plan).step_time_s != simulate(whole, wl, plan).step_time_s
+        assert all(specs[v][3] == pytest.approx(weight) for v in _casts(g))
+        whole = replace(hw, host=replace(host, dram_teams_chunk=()))
+        assert simulate(hw, wl, plan).step_time_s != simulate(whole, wl, plan).step_time_s
+    _, g = graph(256, 64)  # the update's chunks are not the ones measured at 256 MiB
+    assert g.meta["chunk_bytes"] is None and dram_bps(g, hw) == pytest.approx(
+        min(140e9, host.dram_bps))
 
 
 def test_predict_runs_with_the_chunk_table(hw_chunks):

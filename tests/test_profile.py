@@ -203,40 +203,47 @@ def test_teams_run_counts_the_dma_loads_beside_them():
 def test_teams_by_chunk_run_one_task_a_call_on_successive_slices(monkeypatch):
     """teams_bps(chunk_bytes=c): each cast call stages c / 2 BF16 elements and each AdamW call
     updates c / 4 parameters, on the next slice of the buffers in turn, and the bytes counted
-    are those calls' (6 B an element, 28 B a parameter); a chunk larger than the buffers is cut
-    to them."""
+    are those calls' (6 B an element, 28 B a parameter); a team whose buffers hold fewer than
+    MIN_CHUNK_SLICES of its tasks gets buffers of its own that do."""
     elems = 2**20
     bench = host_mod.HostBench(elems * 4, 0, 1)
     adam_sizes, adam_starts = [], []
 
     def fake_adam(p, g, m, v, step, opt, lr):
+        assert p.numel() == g.numel() == m.numel() == v.numel()
         adam_sizes.append(p.numel())
-        adam_starts.append(p.data_ptr())
+        adam_starts.append((p.untyped_storage().data_ptr(), p.storage_offset()))
 
     monkeypatch.setattr(host_mod, "adamw_chunk", fake_adam)
-    bench.src.fill_(0.5)
     bench.cast_src = torch.arange(elems, dtype=torch.float32)
     casts = []
     cast_slice = bench._cast_slice
 
-    def counted_cast(s: slice) -> None:
-        casts.append(s.stop - s.start)
-        cast_slice(s)
+    def counted_cast(bufs, s: slice) -> None:
+        casts.append((bufs[0].untyped_storage().data_ptr(), s.start, s.stop - s.start))
+        cast_slice(bufs, s)
 
     monkeypatch.setattr(bench, "_cast_slice", counted_cast)
     chunk = elems  # BF16 bytes: elems / 2 cast elements, elems / 4 Adam parameters
     total, cast, teams = bench.teams_bps(1, 1, 0.05, chunk_bytes=chunk)
-    assert set(adam_sizes) == {elems // 4} and set(casts) == {elems // 2}
-    assert len(adam_sizes) >= 2 and len(casts) >= 2  # a warm-up call each, then timed ones
-    base = bench.src.data_ptr()
-    assert {(a - base) // 4 for a in adam_starts} == {0, elems // 4, elems // 2, 3 * elems // 4}
+    assert set(adam_sizes) == {elems // 4} and {n for *_, n in casts} == {elems // 2}
+    assert len(adam_sizes) >= 3 and len(casts) >= 3  # a warm-up call each, then timed ones
+    own = bench.src.untyped_storage().data_ptr()
+    assert set(adam_starts) == {(own, k * elems // 4) for k in range(4)}  # the bench's, in turn
+    assert {(ptr, lo) for ptr, lo, _ in casts} == {
+        (bench.cast_src.untyped_storage().data_ptr(), lo) for lo in (0, elems // 2)}
     assert torch.equal(bench.bf16.float(), bench.cast_src.bfloat16().float())  # both halves cast
     assert 0 < cast < total == pytest.approx(teams)
     timed_bytes = ((len(adam_sizes) - 1) * 28 * elems // 4, (len(casts) - 1) * 6 * elems // 2)
     assert (total - cast) / cast == pytest.approx(timed_bytes[0] / timed_bytes[1])
     adam_sizes.clear()
-    bench.teams_bps(1, 1, 0.02, chunk_bytes=64 * elems)  # larger than the buffers
-    assert set(adam_sizes) == {elems}
+    adam_starts.clear()
+    casts.clear()
+    bench.teams_bps(1, 1, 0.05, chunk_bytes=4 * elems)  # the cast's tasks: 2 elems each
+    assert set(adam_sizes) == {elems} and {n for *_, n in casts} == {2 * elems}
+    assert len({s for s in adam_starts}) == len({lo for _, lo, _ in casts}) == 2  # two slices
+    assert own not in {ptr for ptr, _ in adam_starts}  # buffers of their own, large enough
+    assert bench.cast_src.untyped_storage().data_ptr() not in {ptr for ptr, *_ in casts}
 
 
 def _within(fn, seconds: float = 20.0):
@@ -524,7 +531,7 @@ def test_teams_by_chunk_table_is_checked(tmp_path):
             assert h.dram_teams_chunk == ((64 * MIB, 100e9, 30e9), (256 * MIB, 110e9, 40e9))
             assert h.teams_at(128 * MIB) == (pytest.approx(105e9), pytest.approx(35e9))
             assert h.teams_at(16 * MIB) == (pytest.approx(100e9), pytest.approx(30e9))  # clamped
-            assert h.team_dram_bps(12, 256 * MIB) == pytest.approx(min(110e9, h.dram_bps))
+            assert h.dram_bps > 100e9 and h.team_dram_bps(12, 64 * MIB) == pytest.approx(100e9)
         else:
             with pytest.raises(SpecError, match="host.dram_teams_chunk_gbps"):
                 load_hardware(str(f))

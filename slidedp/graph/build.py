@@ -103,6 +103,14 @@ def grad_wire_bytes(plan: Plan, ranks: int) -> int:
     return GRAD_BYTES if plan.grad_widen == GradWiden.HOST and not summed else FP32_BYTES
 
 
+def teams_chunk_bytes(plan: Plan, ranks: int) -> float | None:
+    """The PCIe chunk size (bytes) at which the profile's teams by chunk size ran this plan's CPU
+    tasks (HostSpec.teams_at): its upload chunk, where its ADAMs are the ones measured there (an
+    FP32 gradient chunk as large as the upload chunk); None otherwise (the whole-buffer run)."""
+    same = plan.d2h_chunk_mib == plan.h2d_chunk_mib and grad_wire_bytes(plan, ranks) == FP32_BYTES
+    return plan.h2d_chunk_mib * MIB if same else None
+
+
 def team_share(team_threads: float, cores: float) -> float:
     """Fraction of its threads' speed an OpenMP team of `team_threads` keeps on a host of `cores`:
     min(1, plan.team_cores(cores) / team_threads), team_cores = cores - cores // 4.
@@ -663,7 +671,7 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
         n_iterations=iterations, n_ranks=R, unit_params=list(units),
         rows=np.asarray(c["rows"], bool),
         meta={"cast_threads": cast_threads, "update_threads": update_threads,
-              "chunk_bytes": plan.h2d_chunk_mib * MIB,
+              "chunk_bytes": teams_chunk_bytes(plan, R),
               "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter,
               "cast_share": team_share(cast_threads, cores),
               "update_share": team_share(worker_threads, cores),

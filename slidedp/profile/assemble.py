@@ -27,7 +27,11 @@ from slidedp.exec.adamw import WIDEN_BLOCK
 from slidedp.profile import agents
 from slidedp.profile.compute import LayerTiming
 from slidedp.profile.fabric import LATENCY_BYTES, bus_bytes, gpu_link_matrix, nv_peers
-from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, CAST_DRAM_BYTES_PER_ELEM
+from slidedp.profile.host import (
+    ADAM_DRAM_BYTES_PER_PARAM,
+    CAST_DRAM_BYTES_PER_ELEM,
+    MIN_CHUNK_SLICES,
+)
 from slidedp.profile.machine import Machine
 from slidedp.profile.pcie import DIRECTIONS
 from slidedp.profile.run import (
@@ -386,9 +390,11 @@ class Assembler:
                 t["sources"]["dram_teams_chunk_gbps"] = m.source(
                     "measured: the teams of dram_teams_gbps, each call one of the executor's "
                     "tasks at a PCIe chunk size instead of a whole buffer (a cast of the chunk's "
-                    "BF16 elements, chunk_mib / 2 B, an AdamW of the FP32 gradient chunk's "
-                    "parameters, chunk_mib / 4 B, each on the next slice of its buffers), at once "
-                    f"for {TEAMS_S_PER_ROUND:g} s in each round after the whole-buffer run: "
+                    "BF16 elements, chunk_mib / 2 B, an AdamW of the parameters of an FP32 "
+                    "gradient chunk, chunk_mib / 4 B, each on the next slice of buffers holding "
+                    f"at least {MIN_CHUNK_SLICES} of its tasks), at once for "
+                    f"{TEAMS_S_PER_ROUND:g} s at each chunk size in each round after the "
+                    "whole-buffer run, each round from another size: "
                     "[chunk_mib, (6 B x cast elements + 28 B x Adam parameters) / time, the "
                     f"cast's 6 B x elements / time], {rounds_rule(s.host_rounds)} of the rounds "
                     f"(they differed by up to {res.host_rounds.spread(TEAMS_CHUNK):.0%}; "

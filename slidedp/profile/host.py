@@ -18,8 +18,9 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          and the cast's own part of it (how the two share it, HostSpec.cast_weight)
   teams by chunk  the same, each team's call one of the executor's tasks at a PCIe chunk size
          instead of a whole buffer (a CAST of the chunk's BF16 elements, an ADAM of the FP32
-         gradient chunk's parameters, on successive slices): the two teams as the executor's
-         chunking makes them meet (HostSpec.dram_teams_chunk)
+         gradient chunk's parameters, on successive slices of buffers holding at least two such
+         tasks): the two teams as the executor's chunking makes them meet
+         (HostSpec.dram_teams_chunk)
   teams + DMA   the same with every GPU copying both ways at once beside them (PCIe: pinned
          buffers, pcie.PcieBench.dma_loads): (the teams' bytes + the copies' bytes) / time, all the
          host-memory traffic of the executor's mix (HostSpec.memory_bps); and against the teams
@@ -62,6 +63,7 @@ from slidedp.profile.machine import Machine
 from slidedp.profile.timing import run_together, wall_median_s
 from slidedp.spec.model import BF16, FP32
 
+MIN_CHUNK_SLICES = 2  # a team's buffers in the run by chunk size hold at least this many tasks
 ADAM_DRAM_BYTES_PER_PARAM = 28  # read p, m, v, g; write p, m, v (FP32)
 CAST_DRAM_BYTES_PER_ELEM = 6  # read FP32, write BF16
 
@@ -99,6 +101,8 @@ class HostBench:
         self.opt = AdamWConfig()
         self.adam_steps = 0
         self.cast_src: torch.Tensor | None = None  # the teams run's cast source, made on first use
+        # the run by chunk size's buffers per team, where the bench's hold too few chunks
+        self._chunked: dict[str, tuple[torch.Tensor, ...]] = {}
 
     def _median_s(self, fn, threads: int) -> float:
         with torch_threads(threads):
@@ -128,8 +132,9 @@ class HostBench:
         then all loop from a common start for `seconds`. With `chunk_bytes` (a PCIe chunk), each
         call of a team is one of the executor's tasks at that chunk size instead of a whole
         buffer: a CAST of chunk_bytes / 2 elements (the BF16 chunk it stages), an ADAM of
-        chunk_bytes / 4 parameters (the FP32 gradient chunk one D2H brings), each on the next
-        slice of its buffers in turn. Returns (the bytes all moved, the bytes the cast team
+        chunk_bytes / 4 parameters (the FP32 gradient chunk one D2H brings where the GPU widens
+        the gradient), each on the next slice of its buffers in turn, its buffers holding at least
+        MIN_CHUNK_SLICES such slices (_chunk_buffers). Returns (the bytes all moved, the bytes the cast team
         moved, the bytes both teams moved), each over the time from the first start to the last
         end. A load that raises stops the others at the start barrier (or lets them finish) and
         the run raises RuntimeError from its error."""
@@ -140,9 +145,8 @@ class HostBench:
             cast, cast_elems = (lambda: self.bf16.copy_(cast_src)), self.elems
             adam, adam_params = self._adam_step, self.elems
         else:
-            cast, cast_elems = self._sliced(min(self.elems, chunk_bytes // BF16), self._cast_slice)
-            adam, adam_params = self._sliced(min(self.elems, chunk_bytes // FP32),
-                                             self._adam_slice)
+            cast, cast_elems = self._sliced("cast", chunk_bytes // BF16, self._cast_slice)
+            adam, adam_params = self._sliced("adam", chunk_bytes // FP32, self._adam_slice)
         loads = [(cast_threads, cast, cast_elems * CAST_DRAM_BYTES_PER_ELEM),
                  (update_threads, adam, adam_params * ADAM_DRAM_BYTES_PER_PARAM),
                  *((0, fn, nbytes) for fn, nbytes in dma)]
@@ -169,25 +173,53 @@ class HostBench:
         span_s = max(e for _, e in spans) - min(s for s, _ in spans)
         return sum(moved) / span_s, moved[0] / span_s, (moved[0] + moved[1]) / span_s
 
-    def _sliced(self, n: int, kernel: Callable[[slice], None]) -> tuple[Callable[[], None], int]:
-        """A call running `kernel` on the next of the buffers' slices of `n` elements, in turn,
-        and n."""
-        slices, calls = self.elems // n, 0
+    def _sliced(self, team: str, n: int, kernel: Callable[[tuple[torch.Tensor, ...], slice], None]
+                ) -> tuple[Callable[[], None], int]:
+        """A call running `kernel` on `team`'s chunk buffers, on the next of their slices of `n`
+        elements in turn, and n."""
+        bufs = self._chunk_buffers(team, MIN_CHUNK_SLICES * n)
+        slices, calls = bufs[0].numel() // n, 0
 
         def call() -> None:
             nonlocal calls
             k = calls % slices
             calls += 1
-            kernel(slice(k * n, (k + 1) * n))
+            kernel(bufs, slice(k * n, (k + 1) * n))
         return call, n
 
-    def _cast_slice(self, s: slice) -> None:
-        self.bf16[s].copy_(self.cast_src[s])
+    def _chunk_buffers(self, team: str, numel: int) -> tuple[torch.Tensor, ...]:
+        """The run by chunk size's buffers of `team`, of at least `numel` elements each ("cast":
+        the FP32 source, the BF16 destination; "adam": p, g, m, v): the bench's own where they
+        are large enough, else made once and kept (larger ones replace them), the FP32 master and
+        Adam's moments in the host state's memory as the bench's."""
+        have = self._chunked.get(team)
+        if have is not None and have[0].numel() >= numel:
+            return have
+        if numel <= self.elems:
+            bufs = ((self.cast_src, self.bf16) if team == "cast"
+                    else (self.src, self.dst, self.m, self.v))
+        elif team == "cast":
+            self._chunked.pop(team, None)  # free the smaller set first
+            bufs = (self.state_memory(numel, torch.float32).fill_(0.25),
+                    torch.zeros(numel, dtype=torch.bfloat16))
+        else:
+            self._chunked.pop(team, None)
+            bufs = (self.state_memory(numel, torch.float32).fill_(0.5),
+                    torch.full((numel,), 1e-3),
+                    self.state_memory(numel, torch.float32).zero_(),
+                    self.state_memory(numel, torch.float32).zero_())
+        self._chunked[team] = bufs
+        return bufs
 
-    def _adam_slice(self, s: slice) -> None:
+    @staticmethod
+    def _cast_slice(bufs: tuple[torch.Tensor, ...], s: slice) -> None:
+        src, dst = bufs
+        dst[s].copy_(src[s])
+
+    def _adam_slice(self, bufs: tuple[torch.Tensor, ...], s: slice) -> None:
+        p, g, m, v = bufs
         self.adam_steps += 1
-        adamw_chunk(self.src[s], self.dst[s], self.m[s], self.v[s], self.adam_steps, self.opt,
-                    self.opt.lr)
+        adamw_chunk(p[s], g[s], m[s], v[s], self.adam_steps, self.opt, self.opt.lr)
 
 
 def quick_bench(m: Machine, nbytes: int | None = None,

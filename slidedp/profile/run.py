@@ -37,7 +37,8 @@ TEAMS = (TEAMS_ALONE, TEAMS_WITH_DMA)
 TEAMS_CAST, TEAMS_BESIDE_DMA = "teams cast", "teams beside dma"  # ... the cast's, theirs
 TEAMS_CHUNK, TEAMS_CHUNK_CAST = "teams by chunk", "teams by chunk cast"  # ... by chunk size
 DMA_WEIGHT = "dma weight"  # ... each teams-with-DMA run's dma_weight_sample
-TEAMS_S_PER_ROUND = 0.25  # one round's teams-at-once run: 1.75 s over the quick profile's 7
+TEAMS_S_PER_ROUND = 0.25  # one teams-at-once run: the whole buffers' and one per chunk size
+# each round (1 s a round, 7 s over the quick profile's 7 rounds at its 3 chunk sizes)
 
 COLLECTIVE_TIMEOUT_S = 300
 
@@ -177,12 +178,13 @@ class Profiler:
 
         chunks = [c * MIB for c in s.chunk_mib]  # as the cast by chunk size's
 
-        def teams():
+        def teams(k: int):
             for key, bps in zip(teams_keys,
                                 self._host.teams_bps(team, team, TEAMS_S_PER_ROUND)[:2],
                                 strict=True):
                 r.host_rounds.add(key, bps)
-            for c in chunks:
+            for c in chunks[k % len(chunks):] + chunks[:k % len(chunks)]:  # each round from
+                # another size, so that a drift within a round is not one size's
                 total, cast = self._host.teams_bps(team, team, TEAMS_S_PER_ROUND,
                                                    chunk_bytes=c)[:2]
                 r.host_rounds.add((TEAMS_CHUNK, c), total)
@@ -206,7 +208,8 @@ class Profiler:
             steps += [Step(f"host copy, cast, adam at {n} threads, round {k + 1} of {rounds}",
                            lambda n=n, k=k: sample(n, k)) for n in r.threads]
             steps.append(Step(f"cast and update teams of {team} threads at once (whole buffers "
-                              f"and by chunk size), round {k + 1} of {rounds}", teams))
+                              f"and by chunk size), round {k + 1} of {rounds}",
+                              lambda k=k: teams(k)))
         steps.append(Step("host rates over the rounds", rates))
         return [*steps, Step("free host buffers", self._free_host), *self._cast_chunk_steps()]
 

@@ -36,7 +36,7 @@ class HostSpec:
     dram_teams_cast_bps: float | None = None
     # the same teams by chunk size, each call one task at a PCIe chunk size: (chunk BF16 bytes,
     # DRAM bytes/s, the cast team's bytes/s), by chunk; (): not measured (profiles before
-    # 2026-12-02 03:30)
+    # 2026-12-02 02:55)
     dram_teams_chunk: tuple[tuple[float, float, float], ...] = ()
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
@@ -130,9 +130,12 @@ class HostSpec:
         fractions of their own rates) where the profile did not record the split. On nvidia-h200-x2 (24 + 24 threads on 32
         cores) a 64 MiB cast took 2.15 ms alone and 7.5 ms beside the update
         (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two.
-        Approximations: the cast's rate alone is the large-buffer one (a CAST task runs at its
-        chunk size's, a few percent apart), and the one weight stands for every team size and
-        against the DMA too, though measured against Adam at the profile's teams only."""
+        Approximations: without the run by chunk size, the cast's rate alone is the
+        large-buffer one (a CAST task runs at its chunk size's, a few percent apart); with it,
+        the cast's alone is the chunk's (the cast by chunk size, into a pinned ring) and the
+        update's alone is still the large-buffer one (no AdamW by chunk size is measured); and
+        the one weight stands for every team size and against the DMA too, though measured
+        against Adam at the profile's teams only."""
         if self.dram_teams is None or self.dram_teams_cast_bps is None:
             return 1.0
         cast_t, update_t, _ = self.dram_teams
