@@ -22,7 +22,7 @@ from slidedp.validate import store
 from slidedp.validate.cases import case_toml, load_cases, parse_case_spec, parse_cases
 from slidedp.validate.hostcheck import against_profile
 from slidedp.validate.importer import NO_TRACE, import_results, trace_file_name
-from slidedp.validate.summary import runs_spread
+from slidedp.validate.summary import runs_spread, task_kind_rows
 from slidedp.validate.traces import GZIP_MAGIC, load_trace, read_trace_doc
 
 ROOT = Path(__file__).parents[1]
@@ -720,3 +720,21 @@ def test_import_refuses_a_skip_that_is_not_a_list(tmp_path):
     shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
     with pytest.raises(SpecError, match="skip.*a list of case strings"):
         import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")
+
+
+def test_task_kind_rows_read_each_kind_and_its_issuing_part():
+    """task_kind_rows: per stored case and task kind, the measured and simulated seconds of
+    predicted.json, with the issuing part of the GPU kinds where the trace recorded it (the
+    stored 4B mb 1 case of 2026-12-02 02:58: the 64 MiB recompute mostly waited on its
+    issuing thread)."""
+    root = Path(__file__).parents[1] / "validation"
+    name = "h200m0259-4b-r1-gb1-mb1-c64"
+    rows = {r["kind"]: r for r in task_kind_rows(root, name)}
+    pred = json.loads((root / name / "predicted.json").read_text())
+    assert set(rows) == set(pred["task_kind_s"])
+    rec = rows["RECOMPUTE"]
+    assert [rec["measured_s"], rec["simulated_s"]] == pred["task_kind_s"]["RECOMPUTE"]
+    assert rec["issuing_s"] == pred["measured_issue_s"]["RECOMPUTE"][1] > 0.5 * rec["measured_s"]
+    assert rows["ADAM"]["issuing_s"] is None  # a CPU kind: its span is host time already
+    old = task_kind_rows(root, "h200m0013-4b-r1-gb1-mb1-c64")  # before the issue intervals
+    assert old and all(r["issuing_s"] is None for r in old)

@@ -71,6 +71,22 @@ def summary_rows(root: Path, pattern: str = "*") -> list[dict]:
     return [case_row(f) for f in store.stored_cases(root, pattern)]
 
 
+def task_kind_rows(root: Path, pattern: str = "*") -> list[dict]:
+    """Per stored case with a measured trace, per task kind: its tasks' summed seconds in the
+    measured and the simulated step (predicted.json task_kind_s) and, for a GPU kind whose trace
+    recorded it, the part of its span while its agent was still issuing it (measured_issue_s;
+    None where not recorded): which kind of task the model gets wrong, and whether a GPU task
+    waited on its issuing thread rather than on its work."""
+    rows = []
+    for f in store.stored_cases(root, pattern):
+        pred = store.read_json(f / store.PREDICTED) if (f / store.PREDICTED).is_file() else {}
+        issue = pred.get("measured_issue_s") or {}
+        rows += [{"case": pred["case"], "kind": k, "measured_s": m, "simulated_s": s,
+                  "issuing_s": issue[k][1] if k in issue else None}
+                 for k, (m, s) in (pred.get("task_kind_s") or {}).items()]
+    return rows
+
+
 def error_stats(rows: list[dict], model: str) -> dict:
     """{'n', 'mape', 'max', 'max_case'} of one model's errors over rows (absolute fractions)."""
     errs = [(abs(r[f"{model}_error"]), r["case"]) for r in rows if r[f"{model}_error"] is not None]
