@@ -20,7 +20,8 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          instead of a whole buffer (a CAST of the chunk's BF16 elements, an ADAM of the FP32
          gradient chunk's parameters, on successive slices of buffers holding at least two such
          tasks): the two teams as the executor's chunking makes them meet
-         (HostSpec.dram_teams_chunk)
+         (HostSpec.dram_teams_chunk). Where the host buffers are smaller, the run makes its own:
+         at 256 MiB chunks, 1.5 GiB for the cast and, below 512 MiB buffers, 2 GiB for AdamW
   teams + DMA   the same with every GPU copying both ways at once beside them (PCIe: pinned
          buffers, pcie.PcieBench.dma_loads): (the teams' bytes + the copies' bytes) / time, all the
          host-memory traffic of the executor's mix (HostSpec.memory_bps); and against the teams
