@@ -393,7 +393,8 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     for kind in benches.values():
         assert {w for b in kind[1:] for w in b.calls} == {0} and set(kind[0].calls) == {2}
     assert res.dram_teams[2:] == (pytest.approx(100e9), pytest.approx(30e9))
-    assert res.dram_teams_chunk == {c * MIB: (pytest.approx(110e9), pytest.approx(30e9 * (1 + c / 100)))
+    assert res.dram_teams_chunk == {c * MIB: (pytest.approx(110e9),
+                                              pytest.approx(30e9 * (1 + c / 100)))
                                     for c in sizes.chunk_mib}
     doc = Assembler(machine, req, res, load_hardware("h200x1")).document("rounds")
     sources = doc["host"]["sources"]

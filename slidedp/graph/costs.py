@@ -111,7 +111,7 @@ def dram_bps(g: TaskGraph, hw: HardwareSpec) -> float:
     if "cast_threads" not in g.meta:
         return hw.host.dram_bps
     team = max(g.meta["cast_threads"], g.meta["update_threads"])
-    return hw.host.team_dram_bps(min(team, hw.host.cores), g.meta.get("chunk_bytes"))
+    return hw.host.team_dram_bps(min(team, hw.host.cores), g.meta.get("teams_chunk_bytes"))
 
 
 def task_core_share(g: TaskGraph) -> np.ndarray:

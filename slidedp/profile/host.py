@@ -135,10 +135,10 @@ class HostBench:
         buffer: a CAST of chunk_bytes / 2 elements (the BF16 chunk it stages), an ADAM of
         chunk_bytes / 4 parameters (the FP32 gradient chunk one D2H brings where the GPU widens
         the gradient), each on the next slice of its buffers in turn, its buffers holding at least
-        MIN_CHUNK_SLICES such slices (_chunk_buffers). Returns (the bytes all moved, the bytes the cast team
-        moved, the bytes both teams moved), each over the time from the first start to the last
-        end. A load that raises stops the others at the start barrier (or lets them finish) and
-        the run raises RuntimeError from its error."""
+        MIN_CHUNK_SLICES such slices (_chunk_buffers). Returns (the bytes all moved, the bytes the
+        cast team moved, the bytes both teams moved), each over the time from the first start to
+        the last end. A load that raises stops the others at the start barrier (or lets them
+        finish) and the run raises RuntimeError from its error."""
         if self.cast_src is None:  # the cast's own master: Adam writes `src`
             self.cast_src = self.state_memory(self.elems, torch.float32).fill_(0.25)
         if chunk_bytes is None:

@@ -96,10 +96,10 @@ class HostSpec:
         at most dram_bps (the most traffic any measured kernel moved, at any thread count):
         measured, where the profile ran the cast and update teams at once (dram_teams) with
         teams at least this large (at the chunk size `chunk_bytes`: teams_at); else the most
-        traffic the measured kernels (Adam, the cast) moved at `threads`. Fewer threads keep fewer memory requests in flight: on
-        nvidia-h200-x2, Adam moves 150 GB/s at 24 threads against 164 at 32, and the executor's
-        measured traces draw about 150 GB/s while its 24-thread update team runs (validation
-        h200x2-8b-*)."""
+        traffic the measured kernels (Adam, the cast) moved at `threads`. Fewer threads keep
+        fewer memory requests in flight: on nvidia-h200-x2, Adam moves 150 GB/s at 24 threads
+        against 164 at 32, and the executor's measured traces draw about 150 GB/s while its
+        24-thread update team runs (validation h200x2-8b-*)."""
         if self.dram_teams is not None and threads >= min(self.dram_teams[:2]):
             return min(self.dram_bps, self.teams_at(chunk_bytes)[0])
         kernels = max(self.adam_rate(threads) * self.adam_dram_bytes_per_param,
@@ -127,9 +127,9 @@ class HostSpec:
         to it (the simulator's stage-2 weight, sim/resources.py): from the teams-at-once run at
         `chunk_bytes` (teams_at), (the cast team's bytes there / its bytes alone) / (the update
         team's bytes there / its bytes alone), each alone at its own team size. 1 (equal
-        fractions of their own rates) where the profile did not record the split. On nvidia-h200-x2 (24 + 24 threads on 32
-        cores) a 64 MiB cast took 2.15 ms alone and 7.5 ms beside the update
-        (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two.
+        fractions of their own rates) where the profile did not record the split. On
+        nvidia-h200-x2 (24 + 24 threads on 32 cores) a 64 MiB cast took 2.15 ms alone and 7.5 ms
+        beside the update (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two.
         Approximations: without the run by chunk size, the cast's rate alone is the
         large-buffer one (a CAST task runs at its chunk size's, a few percent apart); with it,
         the cast's alone is the chunk's (the cast by chunk size, into a pinned ring) and the
