@@ -538,6 +538,27 @@ def test_teams_by_chunk_table_is_checked(tmp_path):
                 load_hardware(str(f))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(20, 200), st.floats(0.05, 0.95)), min_size=1, max_size=4,
+                unique_by=lambda r: r[0]),
+       st.floats(1, 2048))
+def test_teams_at_reads_between_its_rows(rows, chunk_mib):
+    """HostSpec.teams_at: at a measured chunk size its row, between two of them a value between
+    theirs, outside the measured range the nearest row's (clamped), for the total and the cast."""
+    sizes = sorted({2 ** k for k in range(4, 4 + len(rows))})  # 16, 32, ... MiB
+    table = tuple((c * MIB, t * 1e9, t * f * 1e9) for c, (t, f) in zip(sizes, rows, strict=False))
+    host = dataclasses.replace(load_hardware("h200x1").host, dram_teams=(12, 12, 100e9),
+                               dram_teams_cast_bps=30e9, dram_teams_chunk=table)
+    for c, total, cast in table:
+        assert host.teams_at(c) == (pytest.approx(total), pytest.approx(cast))
+    total, cast = host.teams_at(chunk_mib * MIB)
+    below = [r for r in table if r[0] <= chunk_mib * MIB] or table[:1]
+    above = [r for r in table if r[0] >= chunk_mib * MIB] or table[-1:]
+    for i, got in ((1, total), (2, cast)):
+        lo, hi = sorted((below[-1][i], above[0][i]))
+        assert lo * (1 - 1e-12) <= got <= hi * (1 + 1e-12)
+
+
 def test_bad_teams_row_is_rejected_naming_the_field(tmp_path):
     text = (preset_dir() / "h200x1.toml").read_text().replace(
         "[host]\n", "[host]\ndram_teams_gbps = [12, 0, 100.0]\n", 1)
