@@ -258,7 +258,7 @@ class Assembler:
                 sources["chunk_gbps"] = self._from_base("pcie", "chunk_gbps", why)
             return t | {"sources": sources}
         gpus = range(m.gpu_count)
-        chunks = [c * MIB for c in s.chunk_mib]
+        chunks = s.chunk_bytes()
         big = max(chunks)
 
         def slowest(d: str, c: int) -> float:

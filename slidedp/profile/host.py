@@ -116,10 +116,9 @@ class HostBench:
         return self.elems / self._median_s(lambda: self.bf16.copy_(self.src), threads)
 
     def _adam_step(self, bf16_grad: bool = False) -> None:
-        self.adam_steps += 1
         # the parameter is `src` (the dram / cast runs only read it, so updating it is harmless)
-        adamw_chunk(self.src, self.grad_bf16 if bf16_grad else self.dst, self.m, self.v,
-                    self.adam_steps, self.opt, self.opt.lr)
+        self._adam_slice((self.src, self.grad_bf16 if bf16_grad else self.dst, self.m, self.v),
+                         slice(None))
 
     def adam_params_per_s(self, threads: int, bf16_grad: bool = False) -> float:
         return self.elems / self._median_s(lambda: self._adam_step(bf16_grad), threads)
@@ -196,15 +195,14 @@ class HostBench:
         have = self._chunked.get(team)
         if have is not None and have[0].numel() >= numel:
             return have
+        self._chunked.pop(team, None)  # free a smaller set first
         if numel <= self.elems:
             bufs = ((self.cast_src, self.bf16) if team == "cast"
                     else (self.src, self.dst, self.m, self.v))
         elif team == "cast":
-            self._chunked.pop(team, None)  # free the smaller set first
             bufs = (self.state_memory(numel, torch.float32).fill_(0.25),
                     torch.zeros(numel, dtype=torch.bfloat16))
         else:
-            self._chunked.pop(team, None)
             bufs = (self.state_memory(numel, torch.float32).fill_(0.5),
                     torch.full((numel,), 1e-3),
                     self.state_memory(numel, torch.float32).zero_(),

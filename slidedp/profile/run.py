@@ -176,7 +176,7 @@ class Profiler:
         team = team_cores(self.m.cores)  # the executor's default teams (Plan.threads)
         teams_keys = ((TEAMS_ALONE, team, team), (TEAMS_CAST, team, team))
 
-        chunks = [c * MIB for c in s.chunk_mib]  # as the cast by chunk size's
+        chunks = s.chunk_bytes()
 
         def teams(k: int):
             for key, bps in zip(teams_keys,
@@ -224,7 +224,7 @@ class Profiler:
 
     def _cast_chunk_steps(self) -> list[Step]:
         r, s = self.res, self.s
-        chunks = [c * MIB for c in s.chunk_mib]  # BF16 bytes on the wire, as the PCIe chunks
+        chunks = s.chunk_bytes()
         pin = self.m.gpu_count > 0
 
         def alloc():
@@ -264,7 +264,7 @@ class Profiler:
 
     def _pcie_steps(self) -> list[Step]:
         r, s, gpus = self.res, self.s, self.m.gpu_count
-        chunks = [c * MIB for c in s.chunk_mib]
+        chunks = s.chunk_bytes()
 
         def alloc():
             self._pcie = pcie.PcieBench(gpus, max(chunks), s.stream_copies, s.warmup, s.repeats)

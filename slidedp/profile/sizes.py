@@ -45,6 +45,11 @@ class Sizes:
         want = max(self.host_floor_bytes, int(self.llc_multiple * llc_bytes))
         return max(MIB, min(want, int(ram_bytes / 16)) // MIB * MIB)
 
+    def chunk_bytes(self) -> list[int]:
+        """The PCIe chunk sizes in bytes (BF16 bytes on the wire): the copies', the cast's and
+        the teams' by chunk size."""
+        return [c * MIB for c in self.chunk_mib]
+
     def threads(self, cores: int) -> list[int]:
         out, n = {cores, *Plan().threads(cores)}, 1
         while n < cores:
