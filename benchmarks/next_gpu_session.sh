@@ -54,8 +54,9 @@
 # `x2-val` when nvidia-h200-x2 is lent (issue 6: the x2 matrix on a profile with the DMA weight
 # and the teams by chunk size; then `MODEL=qwen3-4b x2-val`), `MODEL=qwen3-8b ap 4` and
 # `ap-confirm` on the x2 (issue 8 on the second kind); `x4` / x8 when lent (issue 7); on any
-# H200, the GPU tasks' issue time under the chunk agents (the 64 MiB recompute at micro-batch 1
-# is its issuing, per the traces' issue intervals) and the 64 MiB D2H's stretch.
+# H200, why a 64 MiB D2H takes ~2.5 ms against 1.2 ms alone (the widening and norm kernels queued
+# on the copy stream behind the backward?). The GPU tasks' issue time is measured in the traces
+# and left unmodelled (it hides under the update here: RESULTS.md).
 # `slidedp validate` here keeps the 2026-11-30 step counts (6 steps, mean of 4-6, one run: the
 # protocol's 15 / 8 / 2 runs, its defaults, would not fit a 10-minute call).
 # Each writes JSONL / JSON / TOML under OUT: keep OUT to a few files (the device tool returns only
