@@ -153,7 +153,7 @@ def test_the_teams_by_chunk_size_set_the_graphs_cap_and_cast_weight(hw_chunks):
         whole = replace(hw, host=replace(host, dram_teams_chunk=()))
         assert simulate(hw, wl, plan).step_time_s != simulate(whole, wl, plan).step_time_s
     _, g = graph(256, 64)  # the update's chunks are not the ones measured at 256 MiB
-    assert g.meta["teams_chunk_bytes"] is None and dram_bps(g, hw) == pytest.approx(
+    assert g.meta.teams_chunk_bytes is None and dram_bps(g, hw) == pytest.approx(
         min(140e9, host.dram_bps))
 
 

@@ -35,7 +35,7 @@ def test_rows_split_orders_the_embedding_update(wl, plan, join):
     nxg = g.to_networkx()
     assert nx.is_directed_acyclic_graph(nxg)
     rows_n = row_capacity(wl) * wl.model.hidden
-    assert g.meta["embedding_rows_elems"] == rows_n
+    assert g.meta.embedding_rows_elems == rows_n
     h = wl.model.hidden  # whole rows: the embedding's gradient chunks and the rows' chunks
     emb_grad = (g.unit == 0) & np.isin(g.kind, [Kind.D2H, Kind.ADAM])
     assert np.all(g.elem_lo[emb_grad] % h == 0) and np.all(g.elem_hi[emb_grad] % h == 0)

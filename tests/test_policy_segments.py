@@ -109,7 +109,7 @@ def test_graph_uses_each_layers_policy():
     rec = g.kind == Kind.RECOMPUTE
     assert g.unit[rec].tolist() == [1]  # all boundaries kept: nothing to recompute, no task
     assert g.work[rec].tolist() == [0.0]  # sac recomputes elementwise work only
-    assert g.meta["recompute_hbm_bytes"][1] == tok * policy_cost(m, "sac", 32).recompute_hbm_bytes
+    assert g.meta.recompute_hbm_bytes[1] == tok * policy_cost(m, "sac", 32).recompute_hbm_bytes
     off = dict(
         zip(
             g.unit[g.kind == Kind.ACT_OFFLOAD].tolist(),

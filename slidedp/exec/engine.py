@@ -276,8 +276,8 @@ class Engine:
         g = build_graph(workload, plan, cores, iterations=1,
                         first_delivery=not self.split_embedding)
         self.tpl = tpl = Template(g, task_owners(g, plan), self.rank)
-        self.n_workers = int(g.meta["update_workers"])
-        scatter = bool(g.meta["scatter_update"])
+        self.n_workers = g.meta.update_workers
+        scatter = g.meta.scatter_update
         copy_dtype = dtype if plan.host_bf16_copy else None
         if host_state is None:
             host_state = self._created_state = HostState.create(numels, copy_dtype)
@@ -296,14 +296,14 @@ class Engine:
         if self.cuda:
             torch.cuda.set_device(self.device)
             host_state.pin()
-        ring_chunks = g.meta["grad_ring_chunks"]
+        ring_chunks = g.meta.grad_ring_chunks
         grad_chunks = {key: ring_chunks[key]
                        for key in sorted({key for srcs in tpl.grad_src for key, _ in srcs})}
         staging_elems, grad_elems = tpl.largest(Kind.CAST), tpl.largest(Kind.D2H)
         staging_numel = plan.staging_chunks * staging_elems
         grad_numel = HostRings.grad_numel(grad_chunks, grad_elems)
         # downloaded gradients: FP32, or the compute dtype widened by the update (plan.grad_widen)
-        wire_dtype = torch.float32 if g.meta["grad_wire_bytes"] == FP32_BYTES else dtype
+        wire_dtype = torch.float32 if g.meta.grad_wire_bytes == FP32_BYTES else dtype
         if session is None:
             staging_flat = self.pool.empty(staging_numel, dtype)
             grad_flat = self.pool.empty(grad_numel, wire_dtype)
@@ -362,7 +362,7 @@ class Engine:
         if self.split_embedding:
             rows_cast = int((g.elem_hi - g.elem_lo)[g.rows & (g.kind == Kind.CAST)].max())
             self.emb_rows = EmbeddingRows(
-                self.runner.vocab, self.runner.hidden, g.meta["embedding_rows_elems"] //
+                self.runner.vocab, self.runner.hidden, g.meta.embedding_rows_elems //
                 self.runner.hidden, tpl.largest(Kind.ADAM), rows_cast, local_workers,
                 self.device, dtype, zero_grad=not self.runner.tied)
         names = tpl.agent_names
@@ -754,7 +754,7 @@ class Engine:
             self.coll.reduce_rows(rows.grad.view(-1), rows.n * rows.h, rows.h)
             return
         u = int(self.tpl.g.unit[v])
-        self.coll.reduce(u, self.tpl.g.meta["embedding_grad_align"] if u == 0 else 1)
+        self.coll.reduce(u, self.tpl.g.meta.embedding_grad_align if u == 0 else 1)
 
     def _run_d2h(self, st, v):
         u, lo, hi = self._range(v)

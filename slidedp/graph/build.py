@@ -9,7 +9,7 @@ The schedule, per iteration and per rank r (units: 0 embedding, 1..L layers, L+1
   compute     EMBED_FWD, FWD 1..L, HEAD_LOSS (head fwd+bwd and loss), then for l = L..1
               RECOMPUTE and BWD, then EMBED_BWD. RECOMPUTE(l) exists when layer l's policy
               recomputes anything (slidedp.spec.segments: layer, sac, seg masks other than all
-              kept); its work is the policy's recompute FLOPs, and meta["recompute_hbm_bytes"]
+              kept); its work is the policy's recompute FLOPs, and meta.recompute_hbm_bytes
               holds its elementwise HBM bytes per unit (costs.py turns both into seconds).
   activations ACT_OFFLOAD of ratio r of what layer l's policy retains, after the task that
               produces the last of it: the producer of its input when it keeps the input alone
@@ -44,7 +44,7 @@ embedding rows  with plan.embedding_rows (and no defer_update) the embedding's u
               rows (row_capacity(wl) x hidden elements, the most a batch can look up; tasks
               flagged `rows`, ranges in that compact space, whole rows; their work scaled to the
               expected looked_up_rows(wl); the embedding's own gradient chunks and update shares
-              are whole rows: meta["embedding_grad_align"]), which takes the usual gradient
+              are whole rows: meta.embedding_grad_align), which takes the usual gradient
               path (REDUCE / D2H / HOST_SUM ->
               ADAM, after every bulk ADAM and every host-side reader of the bulk delivery: its
               CASTs, or its H2Ds of the host copy) -> CAST -> H2D to every rank
@@ -73,7 +73,7 @@ from collections import Counter
 
 import numpy as np
 
-from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, Kind, TaskGraph
+from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, GraphMeta, Kind, TaskGraph
 from slidedp.spec.plan import GradRoute, GradWiden, ParamRoute, Plan, UpdateSharding, team_cores
 from slidedp.spec.segments import keeps_beyond_input, policy_cost
 from slidedp.spec.units import MIB
@@ -670,15 +670,15 @@ def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
         agents=b.agents, agent_tasks=[np.asarray(x, np.int64) for x in b.agent_tasks],
         n_iterations=iterations, n_ranks=R, unit_params=list(units),
         rows=np.asarray(c["rows"], bool),
-        meta={"cast_threads": cast_threads, "update_threads": update_threads,
-              "teams_chunk_bytes": teams_chunk_bytes(plan, R),
-              "update_workers": n_workers, "sharded_upload": sharded, "scatter_update": scatter,
-              "cast_share": team_share(cast_threads, cores),
-              "update_share": team_share(worker_threads, cores),
-              "grad_ring_chunks": ring_sizes, "recompute_hbm_bytes": recompute_hbm,
-              "adam_writes_copy": plan.host_bf16_copy, "embedding_rows_elems": rows_elems,
-              "grad_wire_bytes": wire,
-              "embedding_grad_align": m.hidden if rows_mode else 1},
+        meta=GraphMeta(
+            cast_threads=cast_threads, update_threads=update_threads,
+            teams_chunk_bytes=teams_chunk_bytes(plan, R), update_workers=n_workers,
+            sharded_upload=sharded, scatter_update=scatter,
+            cast_share=team_share(cast_threads, cores),
+            update_share=team_share(worker_threads, cores), grad_ring_chunks=ring_sizes,
+            recompute_hbm_bytes=recompute_hbm, adam_writes_copy=plan.host_bf16_copy,
+            embedding_rows_elems=rows_elems, grad_wire_bytes=wire,
+            embedding_grad_align=m.hidden if rows_mode else 1),
     )
     return g
 

@@ -25,7 +25,7 @@ Durations are each task alone on its agent at the full rate of its resources (no
                           the task's elements when it has host.cast_chunk_gelem_per_s (measured
                           by chunk size into a pinned ring, interpolated in log chunk size),
                           else its thread curve (large buffers): HostSpec.cast_rate. With
-                          host_bf16_copy (meta["adam_writes_copy"]) each ADAM also writes the
+                          host_bf16_copy (meta.adam_writes_copy) each ADAM also writes the
                           BF16 copy from the updated master, a cast pass of its chunk by the
                           update worker's team (engine._run_adam): + elements / (cast rate x
                           share) and the cast's DRAM bytes. Both + the executor's dispatch
@@ -108,10 +108,10 @@ def dram_bps(g: TaskGraph, hw: HardwareSpec) -> float:
     """The host DRAM cap of this graph: HostSpec.team_dram_bps at its largest CPU team (the
     cast team, or the update workers' teams together, which run at once; at most the cores)
     and its upload chunk; the full dram_bps for graphs built without team sizes."""
-    if "cast_threads" not in g.meta:
+    if g.meta.cast_threads is None:
         return hw.host.dram_bps
-    team = max(g.meta["cast_threads"], g.meta["update_threads"])
-    return hw.host.team_dram_bps(min(team, hw.host.cores), g.meta.get("teams_chunk_bytes"))
+    team = max(g.meta.cast_threads, g.meta.update_threads)
+    return hw.host.team_dram_bps(min(team, hw.host.cores), g.meta.teams_chunk_bytes)
 
 
 def task_core_share(g: TaskGraph) -> np.ndarray:
@@ -119,8 +119,8 @@ def task_core_share(g: TaskGraph) -> np.ndarray:
     team's for CAST, an update worker's for ADAM, 1 for the rest (HOST_SUM runs at the DRAM
     rate) and for graphs built without the shares."""
     share = np.ones(g.n_tasks)
-    share[g.kind == int(Kind.CAST)] = float(g.meta.get("cast_share", 1.0))
-    share[g.kind == int(Kind.ADAM)] = float(g.meta.get("update_share", 1.0))
+    share[g.kind == int(Kind.CAST)] = g.meta.cast_share
+    share[g.kind == int(Kind.ADAM)] = g.meta.update_share
     return share
 
 
@@ -131,7 +131,7 @@ def held_cores(g: TaskGraph) -> np.ndarray:
 
 def grad_bytes(g: TaskGraph) -> int:
     """Bytes per element of the gradient the graph's ADAMs read (graph.build.grad_wire_bytes)."""
-    return int(g.meta.get("grad_wire_bytes", FP32_BYTES))
+    return g.meta.grad_wire_bytes
 
 
 def adam_dram_bytes(g: TaskGraph, hw: HardwareSpec) -> float:
@@ -171,7 +171,7 @@ def task_durations(g: TaskGraph, hw: HardwareSpec, wl: Workload) -> np.ndarray:
         gb = grad_bytes(g)
         rates = np.array([hw.host.adam_rate(t, gb) for t in g.threads[idx]]) * share[idx]
         d[idx] = work[idx] / rates
-        if g.meta.get("adam_writes_copy"):
+        if g.meta.adam_writes_copy:
             d[idx] += cast_s(idx)
     d += task_gaps_s(g, hw)
     d[sel[Kind.HOST_SUM]] = work[sel[Kind.HOST_SUM]] / dram_bps(g, hw)
@@ -215,7 +215,7 @@ def _recompute_s(g: TaskGraph, hw: HardwareSpec, wl: Workload, fwd_s: float) -> 
     seg = segment_costs(m, wl.seq_len)
     full = (sum(seg.fwd_flops) + k * sum(seg.fwd_hbm_bytes)) * tokens
     idx = np.flatnonzero(g.kind == int(Kind.RECOMPUTE))
-    hbm = g.meta.get("recompute_hbm_bytes", {})
+    hbm = g.meta.recompute_hbm_bytes
     work = [g.work[v] + k * hbm.get(int(g.unit[v]), 0.0) for v in idx]
     return fwd_s * np.asarray(work, np.float64) / full
 
@@ -262,7 +262,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
 
     kinds, ranks, work = g.kind.tolist(), g.rank.tolist(), g.work.tolist()
     threads = held_cores(g).tolist()
-    copy_pass = bool(g.meta.get("adam_writes_copy"))
+    copy_pass = bool(g.meta.adam_writes_copy)
     adam_bytes = adam_dram_bytes(g, hw)
     kernel_s = (durations - task_gaps_s(g, hw)).tolist()  # cores: the team idles in the gap
     dur = durations.tolist()

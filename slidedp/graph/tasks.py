@@ -75,6 +75,27 @@ class EdgeKind(IntEnum):
 AGENT_KINDS = ("compute", "h2d", "d2h", "fabric", "cast", "update")
 
 
+@dataclass(frozen=True)
+class GraphMeta:
+    """What the builder decided beyond the tasks, read by the cost model, the simulator and the
+    executor. Defaults describe a sketch graph (sim/microbench.py) built without a plan."""
+
+    cast_threads: float | None = None  # threads of the cast team (None: no team sizes)
+    update_threads: float | None = None  # threads of all update workers together
+    teams_chunk_bytes: float | None = None  # build.teams_chunk_bytes (None: whole buffers)
+    update_workers: int = 1  # update workers in all (per process times processes when scattered)
+    sharded_upload: bool = False  # each rank uploads its 1/R shard, then ALLGATHER
+    scatter_update: bool = False  # the update is sharded over the ranks' processes
+    cast_share: float = 1.0  # build.team_share of the cast team
+    update_share: float = 1.0  # build.team_share of one update worker's team
+    grad_ring_chunks: dict = field(default_factory=dict)  # (rank, worker) -> ring slots
+    recompute_hbm_bytes: dict = field(default_factory=dict)  # layer -> recompute's HBM bytes
+    adam_writes_copy: bool = False  # each ADAM also writes the BF16 copy (host_bf16_copy)
+    embedding_rows_elems: int = 0  # elements of the compact looked-up rows buffer (0: none)
+    grad_wire_bytes: int = 4  # bytes per element of a downloaded gradient chunk
+    embedding_grad_align: int = 1  # the embedding's gradient chunks are multiples of this
+
+
 @dataclass
 class TaskGraph:
     """Struct-of-arrays task graph; task ids are row indices, in issue order per agent."""
@@ -103,7 +124,7 @@ class TaskGraph:
     n_iterations: int
     n_ranks: int
     unit_params: list[int]
-    meta: dict = field(default_factory=dict)
+    meta: GraphMeta = field(default_factory=GraphMeta)
     # bool per task: a task of the embedding's looked-up rows (plan.embedding_rows), whose
     # elem_lo / elem_hi index the compact rows x hidden buffer, not the embedding (None: none)
     rows: np.ndarray | None = None

@@ -168,7 +168,7 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     gb = grad_bytes(g)
     curves = {int(Kind.ADAM): lambda threads: hw.host.adam_rate(threads, gb)}
     cast_curves: dict[float, Callable[[float], float]] = {}  # chunk elements -> its thread curve
-    cast_weight = hw.host.cast_weight(g.meta.get("teams_chunk_bytes"))
+    cast_weight = hw.host.cast_weight(g.meta.teams_chunk_bytes)
     work = g.work.tolist()
     coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
     # the copies' draw on the CPU kernels' cap where the slowdown stands for it (stage 3; the

@@ -37,7 +37,7 @@ def task_owners(g: TaskGraph, plan: Plan) -> np.ndarray:
     owner = g.rank.astype(np.int64)
     if g.n_ranks == 1:
         return np.zeros_like(owner)
-    scatter = bool(g.meta["scatter_update"])
+    scatter = g.meta.scatter_update
     for a, name in enumerate(g.agents):
         if name.startswith("cpu.update"):
             w = int(name.removeprefix("cpu.update"))
@@ -53,7 +53,7 @@ def task_owners(g: TaskGraph, plan: Plan) -> np.ndarray:
             gates = g.edge_src[(g.edge_dst == v) & g.edge_gate]
             owner[v] = owner[int(gates[0])]
             continue
-        align = g.meta.get("embedding_grad_align", 1) if u == 0 else 1  # whole-row shares
+        align = g.meta.embedding_grad_align if u == 0 else 1  # whole-row shares
         shards = update_shards(g.unit_params[u], g.n_ranks, align)
         owner[v] = next(p for p, (a, z) in enumerate(shards) if a <= lo < z)
     return owner
