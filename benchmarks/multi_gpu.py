@@ -9,13 +9,13 @@ CASE = GLOBAL_BATCH:MICRO_BATCH:PARAM_ROUTE:GRAD_ROUTE:UPDATE_SHARDING[:FIELD=VA
 8:4:sharded:gpu:rank0 or 8:4:sharded:gpu:rank0:window_slots=36 (any Plan field, value as TOML),
 or GB:MB:plan=FILE[:FIELD=VALUE...] (a plan TOML, e.g. from `slidedp plan`),
 or ref:MICRO_BATCH for the compute-only reference (one process, before the host state exists).
-The host state (random weights, slidedp.validate.runner.fill_random) is built once and trained
+The host state (random weights, slidedp.exec.measure.fill_random) is built once and trained
 through every case in turn; each case runs `--iters` steps, the mean of the steps after
 `--discard` is its step time. Rank 0 appends one JSON line per case to OUT (host PSS summed
 over the ranks: shared memory counts once in the sum; channel_s over every rank's tasks;
 compute_idle_s: per GPU, the seconds of the last step its compute stream ran nothing, i.e. the
 exposed time, Timeline.compute_idle_s).
-The measurement itself is slidedp.validate.runner's (shared with `slidedp validate`).
+The measurement itself is slidedp.exec.measure's (shared with `slidedp validate`).
 --traces DIR: rank 0 also writes each case's last step (every rank's tasks) as a gzip-compressed
 Chrome trace, DIR/<importer.trace_file_name(case)> (.json.gz: Perfetto opens it), which `slidedp
 validate --import-results` stores beside the case (provenance field `traces`).
@@ -40,12 +40,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 from compute_reference import reference_step_s  # noqa: E402
 from single_gpu import GIB, step_flops  # noqa: E402
 
+from slidedp.exec.measure import measure, random_host_state  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import plan_dict  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
 from slidedp.validate.cases import parse_case_spec  # noqa: E402
 from slidedp.validate.importer import trace_file_name  # noqa: E402
-from slidedp.validate.runner import measure, random_host_state  # noqa: E402
 from slidedp.validate.traces import save_trace  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Does a probe's host state time the executor as the whole state does? (policy/probe.py)
 
 AutoPolicy's probes run the executor on a host state in which decoder layer i lives in layer
-i mod k's memory (DISTINCT_LAYERS; validate/runner.py layers_sharing_memory): built in a fraction
+i mod k's memory (DISTINCT_LAYERS; exec/measure.py layers_sharing_memory): built in a fraction
 of the time, it must give the same step time as the whole state. This script builds both states
 of one model (timing each build); times the host's own passes on each, --runs times interleaved:
 the fused AdamW and the FP32 -> BF16 cast over every decoder layer's state, a chunk at a time (no
@@ -32,13 +32,13 @@ import torch  # noqa: E402
 
 from slidedp.exec.adamw import adamw_chunk  # noqa: E402
 from slidedp.exec.host_state import HostState  # noqa: E402
+from slidedp.exec.measure import OPTIMIZER, measure, random_host_state  # noqa: E402
 from slidedp.policy.probe import DISTINCT_LAYERS  # noqa: E402
 from slidedp.profile.machine import probe_machine  # noqa: E402
 from slidedp.spec.model import FP32 as FP32_BYTES  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import ParamRoute, Plan  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
-from slidedp.validate.runner import OPTIMIZER, measure, random_host_state  # noqa: E402
 
 PASS_CHUNK = 1 << 24  # elements a pass's kernel takes at a time (64 MiB of FP32)
 

@@ -2,7 +2,7 @@
 
 For each (model, micro-batch, plan): random weights written unit by unit into a fresh host state
 (with the BF16 copy when the plan keeps one), `iters` real optimizer steps of the engine in BF16
-at sequence `seq` (slidedp.validate.runner.measure, as benchmarks/multi_gpu.py), the steady-state step
+at sequence `seq` (slidedp.exec.measure.measure, as benchmarks/multi_gpu.py), the steady-state step
 time (mean of steps after `discard`), tokens/s, achieved TFLOP/s (FLOPs from the model spec with
 recompute: fwd + recompute + bwd = 4 x fwd per layer, plus the LM head), GPU peak reserved, host
 PSS per billion parameters, per-channel busy seconds of the last step; then the compute-only
@@ -29,10 +29,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from compute_reference import reference_step_s  # noqa: E402
 
+from slidedp.exec.measure import measure, random_host_state  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import Plan  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402
-from slidedp.validate.runner import measure, random_host_state  # noqa: E402
 
 GIB = 2**30
 

@@ -16,7 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slidedp.commands.choose import choose_plan
+from slidedp.exec import measure as measure_mod
 from slidedp.exec.host_state import HostState, checked_storage_of
+from slidedp.exec.measure import layers_sharing_memory, random_host_state
 from slidedp.policy import probe as probe_mod
 from slidedp.policy.probe import (
     DISTINCT_LAYERS,
@@ -31,8 +33,6 @@ from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import ParamRoute, Plan, load_plan
 from slidedp.spec.workload import Workload
-from slidedp.validate import runner
-from slidedp.validate.runner import layers_sharing_memory, random_host_state
 
 GIB = 2**30
 ROUTE = Plan(param_route=ParamRoute.REPLICATED)
@@ -252,7 +252,7 @@ def test_runs_policy_matches_the_executor():
     assert runs_policy("layer", "cpu")
     # whatever the executor runs today, the answer is the Engine's: construct it directly
     from slidedp.exec.engine import Engine
-    from slidedp.validate.runner import OPTIMIZER
+    from slidedp.exec.measure import OPTIMIZER
 
     tiny = load_model("tiny-qwen3")
     for name in ("none", "sac"):
@@ -347,19 +347,19 @@ def test_measure_frees_its_engine_before_returning(monkeypatch):
     engine is gone on return."""
     made = []
 
-    class Tracked(runner.Engine):
+    class Tracked(measure_mod.Engine):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(weakref.ref(self))
 
-    monkeypatch.setattr(runner, "Engine", Tracked)
+    monkeypatch.setattr(measure_mod, "Engine", Tracked)
     wl = Workload(load_model("tiny-qwen3"), 32, 2, 2, 1)
     cfg = dict(load_model("tiny-qwen3").config)
     hs = random_host_state(cfg, None, None)
     try:
         gc.disable()  # no automatic collection may do measure()'s work for it
         try:
-            m = runner.measure(cfg, wl, ROUTE, hs, device="cpu", iters=2, discard=1)
+            m = measure_mod.measure(cfg, wl, ROUTE, hs, device="cpu", iters=2, discard=1)
         finally:
             gc.enable()
     finally:

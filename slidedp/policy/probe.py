@@ -13,7 +13,7 @@ ExecutorProbe(model, workload, device), a context manager, random weights:
   setup_s                seconds spent building host states, or waiting for the background
                          build, so far (AutoPolicy's time limit leaves it out of a probe's cost)
   probe(plan)            measured steady seconds per step of `plan` on the whole model: STEPS
-                         optimizer steps of slidedp.exec.Engine (validate/runner.py measure; bf16
+                         optimizer steps of slidedp.exec.Engine (exec/measure.py measure; bf16
                          on cuda, float32 on cpu), the first DISCARD left out, the fastest of the
                          others (the least disturbed by other load on the machine); one host state,
                          built on the first call and reused by every candidate, in which decoder
@@ -62,8 +62,9 @@ ExecutorProbe(model, workload, device), a context manager, random weights:
                          run fails (refusals).
 runs_policy(name, device)  whether the executor accepts an activation policy: builds an Engine
                          of tiny-qwen3 on the device with every layer on it (milliseconds).
-One rank only: probing R > 1 ranks needs rank processes (validate/runner.py's torchrun path),
-which is not done here; a workload with gpus > 1 is refused and callers skip the probes.
+One rank only: probing R > 1 ranks needs rank processes (exec/measure.py with a DistSession, as
+the validate worker runs it), which is not done here; a workload with gpus > 1 is refused and
+callers skip the probes.
 """
 
 from __future__ import annotations
@@ -78,12 +79,12 @@ import torch
 
 from slidedp.exec.engine import Engine
 from slidedp.exec.host_state import HostState
+from slidedp.exec.measure import OPTIMIZER, measure, random_host_state
 from slidedp.exec.policy_profile import profile_layer_policy
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import ModelSpec, first_layers_config, load_model, parse_hf_config
 from slidedp.spec.plan import ParamRoute, Plan
 from slidedp.spec.workload import Workload
-from slidedp.validate.runner import OPTIMIZER, measure, random_host_state
 
 STEPS = 3  # the fastest of 2 after the first: a probe of Qwen3-4B seq 16384 takes ~11 s at 4
 DISCARD = 1  # the first step allocates and warms up

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 import torch
 
 from slidedp.exec.engine import Engine
+from slidedp.exec.measure import OPTIMIZER, random_host_state
 from slidedp.exec.template import Template
 from slidedp.graph.timeline import Record
 from slidedp.spec.host import AGENT_GAP_KINDS
 from slidedp.spec.model import first_layers_config, parse_hf_config
 from slidedp.spec.plan import ParamRoute, Plan
 from slidedp.spec.workload import Workload
-from slidedp.validate.runner import OPTIMIZER, random_host_state
 
 LAYERS = 2
 WARMUP_STEPS = 3  # as before pooling: allocation, pinning and first touches are over by step 4

@@ -21,12 +21,12 @@ import torch
 
 from slidedp.exec.dist.launch import is_rank_process
 from slidedp.exec.dist.session import DistSession, leave_rank
+from slidedp.exec.measure import Measurement, measure, random_host_state
 from slidedp.profile.machine import probe_machine
 from slidedp.spec.plan import team_cores
 from slidedp.validate import store
 from slidedp.validate.cases import Case, load_cases
 from slidedp.validate.hostcheck import grad_ring_bytes, state_adam_rate
-from slidedp.validate.runner import Measurement, measure, random_host_state
 from slidedp.validate.traces import save_trace
 
 

@@ -8,7 +8,8 @@ DistSession), every rank calls measure() and rank 0 receives the merged figures:
 all ranks on rank 0's clock (one CLOCK_MONOTONIC per host: a record's time + that rank's
 origin_s - rank 0's), channel seconds recomputed over the merged Timeline (union over ranks, as
 the simulator counts them), the GPU peak as the maximum over ranks, PSS summed over ranks (shared
-memory counted once in the sum). Used by the validate worker and by benchmarks/multi_gpu.py.
+memory counted once in the sum). Used by the validate worker, AutoPolicy's executor probe, the
+profile's agent timings and benchmarks/multi_gpu.py.
 
 Several measurements share one process (a sweep, AutoPolicy's probes): measure() drops its Engine
 (which holds no reference cycle: freed at once) and returns the CUDA cache before it returns, and
