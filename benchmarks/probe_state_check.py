@@ -35,7 +35,7 @@ from slidedp.exec.host_state import HostState  # noqa: E402
 from slidedp.exec.measure import OPTIMIZER, measure, random_host_state  # noqa: E402
 from slidedp.policy.probe import DISTINCT_LAYERS  # noqa: E402
 from slidedp.profile.machine import probe_machine  # noqa: E402
-from slidedp.spec.model import FP32 as FP32_BYTES  # noqa: E402
+from slidedp.spec.elements import FP32_BYTES  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import ParamRoute, Plan  # noqa: E402
 from slidedp.spec.workload import Workload  # noqa: E402

@@ -155,9 +155,10 @@ from slidedp.exec.policy_runner import LayerState, PolicyRunner, kept_layout
 from slidedp.exec.staging import HostRings, PinnedPool
 from slidedp.exec.template import Template
 from slidedp.exec.window import Window
-from slidedp.graph.build import FP32_BYTES, build_graph
+from slidedp.graph.build import build_graph
 from slidedp.graph.tasks import Kind
 from slidedp.graph.timeline import Record, Timeline, union_intervals
+from slidedp.spec.elements import FP32_BYTES
 from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import Plan
 from slidedp.spec.segments import parse_policy

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from slidedp.model.memory import LOSS_CHUNK_TOKENS
+from slidedp.spec.elements import LOSS_CHUNK_TOKENS
 
 IGNORE_INDEX = -100
 

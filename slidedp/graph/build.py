@@ -74,14 +74,11 @@ from collections import Counter
 import numpy as np
 
 from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, GraphMeta, Kind, TaskGraph
+from slidedp.spec.elements import FP32_BYTES, GRAD_BYTES, PARAM_BYTES
 from slidedp.spec.plan import GradRoute, GradWiden, ParamRoute, Plan, UpdateSharding, team_cores
 from slidedp.spec.segments import keeps_beyond_input, policy_cost
 from slidedp.spec.units import MIB
 from slidedp.spec.workload import Workload
-
-PARAM_BYTES = 2  # BF16 on the wire (q in method.md section 3)
-GRAD_BYTES = 2  # BF16 gradients on the GPU (what REDUCE moves)
-FP32_BYTES = 4  # the master, the moments and the gradient the CPU update reads
 
 
 def host_sum_bytes_per_elem(ranks: int) -> int:

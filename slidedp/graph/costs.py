@@ -63,8 +63,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slidedp.graph.build import FP32_BYTES
 from slidedp.graph.tasks import COLLECTIVE_OPS, Kind, TaskGraph
+from slidedp.spec.elements import FP32_BYTES
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.segments import policy_cost, segment_costs
 from slidedp.spec.workload import Workload

@@ -27,7 +27,8 @@ BF16), and a runtime allowance per rank process (estimate).
 
 from __future__ import annotations
 
-from slidedp.graph.build import FP32_BYTES, grad_ring_sizes, grad_wire_bytes, row_capacity
+from slidedp.graph.build import grad_ring_sizes, grad_wire_bytes, row_capacity
+from slidedp.spec.elements import FP32_BYTES, LOSS_CHUNK_TOKENS
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan
@@ -35,7 +36,6 @@ from slidedp.spec.segments import policy_cost
 from slidedp.spec.units import GIB, MIB
 from slidedp.spec.workload import Workload
 
-LOSS_CHUNK_TOKENS = 2048
 GPU_RUNTIME_BYTES = 1.5 * GIB  # estimate: CUDA context, cuBLAS workspace, allocator slack
 HOST_RUNTIME_BYTES_PER_RANK = 3 * GIB  # estimate: python + torch + CUDA runtime per process
 STATE_BYTES_PER_PARAM = 12  # FP32 master + Adam m + Adam v

@@ -12,8 +12,9 @@ The two tests agree: the graph's per-kind sums equal these formulas for every ro
 
 from __future__ import annotations
 
-from slidedp.graph.build import GRAD_BYTES, PARAM_BYTES, grad_wire_bytes
+from slidedp.graph.build import grad_wire_bytes
 from slidedp.graph.tasks import Kind, TaskGraph
+from slidedp.spec.elements import GRAD_BYTES, PARAM_BYTES
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
 
 TRAFFIC_KINDS = {"h2d": Kind.H2D, "d2h": Kind.D2H, "allgather": Kind.ALLGATHER,
