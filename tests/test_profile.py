@@ -42,6 +42,7 @@ from slidedp.profile.sizes import MIB, Sizes
 from slidedp.profile.summary import rounds_line, summary
 from slidedp.profile.timing import Rounds, run_together
 from slidedp.profile.tomlw import dumps
+from slidedp.spec import cores as cores_mod
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, load_hardware, parse_hardware, preset_dir
 from slidedp.spec.model import load_model
@@ -167,6 +168,25 @@ def test_huge_page_modes_are_read_from_sysfs(tmp_path, monkeypatch):
     assert machine_mod.huge_pages() == "THP enabled=madvise shmem_enabled=never"
     monkeypatch.setattr(machine_mod, "_THP_SYSFS", tmp_path / "missing")
     assert machine_mod.huge_pages() == "THP enabled=unknown shmem_enabled=unknown"
+
+
+def test_physical_cores_count_smt_siblings_once(tmp_path, monkeypatch):
+    """host_cores' rule: logical CPUs 0-3 on two packages, CPUs 0 and 1 SMT siblings of one
+    core, 2 and 3 one core each: 3 physical cores; the logical count where sysfs is missing."""
+    for cpu, (package, core) in enumerate([(0, 0), (0, 0), (0, 1), (1, 0)]):
+        topo = tmp_path / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "physical_package_id").write_text(f"{package}\n")
+        (topo / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(cores_mod, "CPU_SYSFS", tmp_path)
+    assert cores_mod.physical_cores({0, 1, 2, 3}) == 3
+    assert cores_mod.physical_cores({0, 1}) == 1
+    assert cores_mod.physical_cores({1, 2, 3}) == 3
+    assert cores_mod.physical_cores({0, 7}) == 2  # cpu7 has no topology: count the CPUs
+
+
+def test_the_machine_probe_counts_host_cores():
+    assert probe_machine().cores == cores_mod.host_cores() <= len(os.sched_getaffinity(0))
 
 
 def test_the_profile_source_line_names_the_huge_page_modes(profiled):

@@ -1,7 +1,7 @@
 """What the machine at hand is, read once at the start, and the source line every number carries.
 
-Cores are the physical cores of the CPUs this process may run on (its affinity mask; SMT
-siblings count once), since a CPU-bound kernel does not gain from a core's second thread. RAM is
+Cores are spec.cores.host_cores(): the physical cores of the CPUs this process may run on (its
+affinity mask; SMT siblings count once). RAM is
 MemTotal at the time of the run: a VM that grows its memory as it is touched reads low. The LLC
 size (the largest cache level sysfs lists) sets how large host buffers must be to measure DRAM
 rather than cache.
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-_CPU_SYSFS = Path("/sys/devices/system/cpu")
+from slidedp.spec.cores import CPU_SYSFS, host_cores
+
 _THP_SYSFS = Path("/sys/kernel/mm/transparent_hugepage")
 _LLC_FALLBACK_BYTES = 256 * 2**20  # when sysfs says nothing: larger than any LLC of one socket
 
@@ -58,18 +59,6 @@ def _cpu_model() -> str:
     return "unknown CPU"
 
 
-def _physical_cores(cpus: set[int]) -> int:
-    cores = set()
-    for c in cpus:
-        topo = _CPU_SYSFS / f"cpu{c}" / "topology"
-        try:
-            cores.add(((topo / "physical_package_id").read_text().strip(),
-                       (topo / "core_id").read_text().strip()))
-        except OSError:
-            return len(cpus)
-    return len(cores)
-
-
 def _size_bytes(text: str) -> int:
     text = text.strip()
     mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
@@ -79,7 +68,7 @@ def _size_bytes(text: str) -> int:
 def llc_bytes() -> int:
     """The largest cache sysfs lists for cpu0 (the last-level cache), else a safe upper guess."""
     sizes = []
-    for f in (_CPU_SYSFS / "cpu0" / "cache").glob("index*/size"):
+    for f in (CPU_SYSFS / "cpu0" / "cache").glob("index*/size"):
         try:
             sizes.append(_size_bytes(f.read_text()))
         except (OSError, ValueError):
@@ -110,5 +99,5 @@ def probe_machine() -> Machine:
         props = torch.cuda.get_device_properties(0)
         gpu_model, hbm = props.name, float(props.total_memory)
     return Machine(socket.gethostname(), datetime.date.today().isoformat(), _cpu_model(),
-                   _physical_cores(cpus), len(cpus), float(ram), llc_bytes(), gpu_model,
+                   host_cores(), len(cpus), float(ram), llc_bytes(), gpu_model,
                    gpu_count, hbm, huge_pages())
