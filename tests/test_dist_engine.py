@@ -41,6 +41,7 @@ from slidedp.exec.adamw import AdamWConfig
 from slidedp.exec.dist.launch import launch
 from slidedp.graph.build import build_graph
 from slidedp.graph.tasks import Kind
+from slidedp.spec.cores import host_cores
 from slidedp.spec.model import parse_hf_config
 from slidedp.spec.plan import Plan
 from slidedp.spec.workload import Workload
@@ -297,7 +298,7 @@ def _expected_per_unit(name: str, R: int, kind: Kind) -> dict[int, list[int]]:
     """Per unit, the chunk numbers of its `kind` tasks in one iteration of the graph the engine
     runs (a collective's chunk is -1)."""
     plan = combos()[name]
-    g = build_graph(workload(config(name), R), plan, os.cpu_count() or 1, iterations=1,
+    g = build_graph(workload(config(name), R), plan, host_cores(), iterations=1,
                     first_delivery=not plan.splits_embedding)
     chunks: dict[int, list[int]] = defaultdict(list)
     for v in np.flatnonzero(g.kind == int(kind)):

@@ -131,7 +131,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import queue
 import threading
 import time
@@ -158,6 +157,7 @@ from slidedp.exec.window import Window
 from slidedp.graph.build import build_graph
 from slidedp.graph.tasks import Kind
 from slidedp.graph.timeline import Record, Timeline, union_intervals
+from slidedp.spec.cores import host_cores
 from slidedp.spec.elements import FP32_BYTES
 from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import Plan
@@ -272,7 +272,7 @@ class Engine:
         if numels != workload.model.unit_params():
             raise SpecError("workload", "model", f"a model whose units have {numels} parameters "
                             f"(the config's), got {workload.model.unit_params()}")
-        cores = os.cpu_count() or 1
+        cores = host_cores()  # the count the profile wrote: the predicted graph is this one
         self.split_embedding = plan.splits_embedding  # embedding_rows (off when deferred)
         g = build_graph(workload, plan, cores, iterations=1,
                         first_delivery=not self.split_embedding)

@@ -25,7 +25,6 @@ returned on every rank), the trace (its own tasks) and the export.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,6 +48,7 @@ from slidedp.exec.io import ModelSource, export_hf
 from slidedp.exec.metrics import MetricsLog, metrics_row
 from slidedp.exec.schedule import LrSchedule
 from slidedp.model.memory import check_fits
+from slidedp.spec.cores import host_cores
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware
 from slidedp.spec.plan import Plan
@@ -104,7 +104,7 @@ def local_hardware(device: str, ranks: int = 1) -> HardwareSpec:
     else:
         gpu = replace(base.gpu, model="cpu (device buffers in host RAM)", count=ranks,
                       hbm_bytes=ram)
-    host = replace(base.host, ram_bytes=ram, cores=os.cpu_count() or 1)
+    host = replace(base.host, ram_bytes=ram, cores=host_cores())
     return replace(base, name=f"local {device}", description="this machine", gpu=gpu, host=host)
 
 

@@ -1,7 +1,8 @@
 """The host's cores, counted one way for every layer: the physical cores of the CPUs this process
 may run on (its affinity mask; SMT siblings count once), since a CPU-bound kernel gains nothing
 from a core's second thread. The profile writes this count into the hardware file (host.cores),
-which the model and the simulator read."""
+which the model and the simulator read, and the executor builds its task graph on it: on the
+machine that was profiled, the graph it runs is the graph that was predicted."""
 
 from __future__ import annotations
 
