@@ -2,6 +2,7 @@
 measured run on the CPU (one in-process rank and two torchrun ranks over gloo). On the CPU the
 predictions of an H200 are meaningless: the run checks files and keys, not errors."""
 
+import csv
 import dataclasses
 import gzip
 import json
@@ -16,8 +17,8 @@ import pytest
 
 from slidedp.cli import main
 from slidedp.spec.errors import SpecError
-from slidedp.spec.hardware import load_hardware
-from slidedp.spec.plan import GradRoute, ParamRoute
+from slidedp.spec.hardware import load_hardware, preset_dir
+from slidedp.spec.plan import GradRoute, ParamRoute, plan_dict
 from slidedp.validate import store
 from slidedp.validate.cases import case_toml, load_cases, parse_case_spec, parse_cases
 from slidedp.validate.hostcheck import against_profile
@@ -391,82 +392,164 @@ def test_cli_select_measures_only_the_matching_cases(tmp_path, monkeypatch, caps
     assert len(ran) == 1 and "--select" in capsys.readouterr().err
 
 
-def test_import_writes_the_stored_cases(tmp_path):
-    # a copy of the provenance file beside copies of the results: paths resolve against it
-    (tmp_path / "validation").mkdir()
-    shutil.copy(VALIDATION / "imports.toml", tmp_path / "validation")
-    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
-    out = tmp_path / "validation"
-    assert main(["validate", "--import-results", str(out / "imports.toml"), "--out", str(out)]) == 0
-    names = [f.name for f in store.stored_cases(out)]
-    # 3 + 8 measured rows of the morning 8B runs, 6 of the morning 4B run; 6 of the afternoon
-    # 4B run, 6 + 9 of the afternoon 8B runs (plan overrides: window, threads), 5 + 2 of the
-    # 16:21 8B call, 3 + 2 (16:35 8B), 2 + 1 (16:41 14B), 1 + 4 (16:48 8B), 2 of 4 (18:50 4B:
-    # `skip` leaves out its two rows cases), 6 (19:03 4B), 2 (19:17 8B); 1 + 2 + 1 + 8 (21:36-21:42
-    # x4 8B), 1 + 1 (x4 14B), 5 (21:53 4B); 9 (2026-12-01 08:36 8B sweep), 4 + 3 (08:40 4B and
-    # 08:45 8B protocol runs: a plan's two runs are one case), 3 (13:03 8B protocol runs) + 2
-    # (13:16 8B traced rows)
-    assert len(names) == 108
-    assert (out / "h200-1316-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-c256-sacx36"
-            / store.MEASURED_TRACE).exists()  # a trace file named with a digest
-    traced = out / "h200x4-2142-qwen3-8b-r4-gb4-mb1-sharded-cpu-rank0-w36"  # `traces` field
-    assert (traced / store.MEASURED_TRACE).exists() and (traced / store.SIMULATED_TRACE).exists()
-    assert not any(n.startswith("h200-1850-") and n.endswith("-rows") for n in names)
-    assert "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32" in names
-    # ran_threads: the folder keeps the requested plan's name, the stored plan what ran
-    raced = out / "h200x2-1424-qwen3-8b-r1-gb4-mb4-sharded-gpu-rank0-w36-t16-32"
-    plan = store.read_case(raced).plan
-    assert (plan.cast_threads, plan.update_threads) == (32, 32)
-    assert "cast 32 + update 32 threads (the plan asked for 16 + 32)" in json.loads(
-        (raced / store.MEASURED).read_text())["notes"][-1]
-    plan = store.read_case(out / "h200x2-1621-qwen3-8b-r1-gb8-mb4-sharded-gpu-rank0-w36").plan
-    assert (plan.cast_threads, plan.update_threads) == (8, 24)
-    assert "h200x2-qwen3-8b-r2-gb8-mb4-sharded-gpu-sharded" in names
-    assert "h200-qwen3-4b-r1-gb4-mb4-sharded-gpu-rank0-bf16copy" in names
-    case = out / "h200x2-qwen3-8b-r2-gb8-mb4-replicated-cpu-rank0"
-    meas = json.loads((case / store.MEASURED).read_text())
-    assert (meas["date"], meas["machine"], meas["trace"], meas["gpus_used"]) == (
-        "2026-11-30", "nvidia-h200-x2", None, 2)
-    assert meas["step_time_s"] == pytest.approx(5.1817, abs=1e-4)
-    assert "multi_gpu.py" in meas["command"] and "no Timeline trace" in meas["notes"][0]
-    pred = json.loads((case / store.PREDICTED).read_text())
-    profile = tmp_path / "benchmarks/results/2026-11-30-h200x2-profile.toml"
-    assert pred["hardware"]["sha256"] == store.sha256(profile)
-    assert pred["simulated_trace"] is None and not (case / store.SIMULATED_TRACE).exists()
-    four_b = json.loads((out / "h200-qwen3-4b-r1-gb1-mb1-sharded-gpu-rank0" / store.PREDICTED).read_text())
-    assert four_b["hardware"]["preset"] == "h200x1"
-    summary = (out / store.SUMMARY_MD).read_text()
-    assert "predates the DRAM convention change" in summary and "FP32-gradient change" in summary
-    assert len((out / store.SUMMARY_CSV).read_text().splitlines()) == 109
+def _multi_gpu_row(case: str, ranks: int, step_s: float | None) -> dict:
+    """One row of a benchmarks/multi_gpu.py JSONL for tiny-qwen3 at seq 32 (no step time: a
+    compute-only reference row, which the importer skips)."""
+    gb, mb, plan = parse_case_spec(case)
+    row = {"case": case, "model": "tiny-qwen3", "seq": 32, "ranks": ranks, "global_batch": gb,
+           "micro_batch": mb, "plan": plan_dict(plan), "date": "2000-01-02", "gpu": "G",
+           "cpus": 4}
+    if step_s is not None:
+        row |= {"step_s": step_s, "all_steps_s": [9.0, step_s, step_s],
+                "tokens_per_s": gb * 32 / step_s, "channel_s": {"COMPUTE": step_s / 2},
+                "gpu_peak_gib": 1.5, "host_pss_gib_all_ranks": 2.0, "loss_last": 3.0}
+    return row
 
 
-def test_predict_only_recomputes_and_summarizes(tmp_path, capsys):
+# The fixture archive: two results files and their provenance, as `import_results` reads them.
+MULTI_ROWS = [  # (case string, ranks, step seconds)
+    ("4:4:sharded:gpu:rank0", 1, None),  # a compute-only reference row: skipped
+    ("4:4:sharded:gpu:rank0", 1, 2.0),  # two protocol runs of one plan: one case, mean 2.1 s
+    ("4:2:sharded:gpu:rank0:cast_threads=1:update_threads=1", 1, 3.0),  # ran_threads: [2, 2]
+    ("4:1:sharded:gpu:sharded", 2, 4.0),  # two ranks
+    ("4:4:sharded:gpu:rank0", 1, 2.2),
+    ("2:2:replicated:cpu:rank0", 1, 5.0),  # in `skip`
+]
+SINGLE_ROWS = [  # (micro-batch, host_bf16_copy, window_slots, step seconds)
+    (2, False, 3, 1.0),
+    (1, True, 5, 1.5),
+]
+IMPORTS = """\
+[[source]]
+results = "../benchmarks/results/multi.jsonl"
+format = "multi_gpu"
+prefix = "m"
+ran_threads = {default = [1, 1], "4:2:sharded:gpu:rank0:cast_threads=1:update_threads=1" = [2, 2]}
+skip = ["2:2:replicated:cpu:rank0"]
+machine = "box-x2"
+discard = 1
+command = "multi_gpu.py"
+hardware = "../benchmarks/results/profile.toml"
+hardware_notes = ["hw-note"]
+notes = ["run-note"]
+
+[[source]]
+results = "../benchmarks/results/single.json"
+format = "single_gpu"
+prefix = "s"
+ran_threads = {default = [3, 5]}
+machine = "box-x1"
+discard = 2
+command = "single_gpu.py"
+hardware = "h200x1"
+"""
+# the case folders the archive imports to, in order
+IMPORTED = ["m-r1-gb4-mb4-sharded-gpu-rank0-s32", "m-r1-gb4-mb2-sharded-gpu-rank0-t1-1-s32",
+            "m-r2-gb4-mb1-sharded-gpu-sharded-s32", "s-r1-gb2-mb2-sharded-gpu-rank0-s32",
+            "s-r1-gb1-mb1-sharded-gpu-rank0-bf16copy-w5-s32"]
+
+
+def write_archive(root: Path, imports: str = IMPORTS) -> Path:
+    """The fixture archive under `root`: benchmarks/results/{multi.jsonl, single.json,
+    profile.toml (a copy of the h200x2 preset)} and validation/imports.toml; the provenance
+    file's path."""
+    results = root / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    (results / "multi.jsonl").write_text("".join(
+        json.dumps(_multi_gpu_row(*r)) + "\n" for r in MULTI_ROWS))
+    (results / "single.json").write_text(json.dumps({
+        "meta": {"date": "2000-01-03", "gpu": "G1", "torch": "t", "cpus": 2},
+        "rows": [{"model": "tiny-qwen3", "seq": 32, "micro_batch": mb,
+                  "plan": {"host_bf16_copy": copy, "window_slots": w, "h2d_chunk_mib": 64.0,
+                           "d2h_chunk_mib": 64.0},
+                  "step_s": step, "all_steps_s": [9.0, step, step], "tokens_per_s": 1.0,
+                  "gpu_peak_gib": 1.0, "host_pss_gib": 2.0,
+                  "channel_s_last_step": {"COMPUTE": step / 2}, "loss_first_last": [4.0, 3.0],
+                  "reference_step_s": step / 4} for mb, copy, w, step in SINGLE_ROWS]}))
+    shutil.copy(preset_dir() / "h200x2.toml", results / "profile.toml")
+    (root / "validation").mkdir()
+    (root / "validation" / "imports.toml").write_text(imports)
+    return root / "validation" / "imports.toml"
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> Path:
+    """The fixture archive imported into its validation/ folder (the archive's root)."""
+    root = tmp_path_factory.mktemp("archive")
+    provenance = write_archive(root)
+    out = provenance.parent
+    assert main(["validate", "--import-results", str(provenance), "--out", str(out)]) == 0
+    return root
+
+
+def test_import_writes_one_case_per_configuration_of_the_archive(imported):
+    """Each measured row of the fixture archive lands in the case folder its plan names:
+    compute-only and skipped rows nowhere, two runs of one plan in one case (their mean), the
+    threads that ran in the stored plan, each source's machine, hardware and notes."""
+    out = imported / "validation"
+    assert [f.name for f in store.stored_cases(out)] == sorted(IMPORTED)
+    meas = {n: json.loads((out / n / store.MEASURED).read_text()) for n in IMPORTED}
+    plans = {n: store.read_case(out / n).plan for n in IMPORTED}
+    merged = meas[IMPORTED[0]]
+    assert merged["run_step_times_s"] == [2.0, 2.2]
+    assert merged["step_time_s"] == pytest.approx(2.1)  # (2.0 + 2.2) / 2
+    assert [m["step_time_s"] for n, m in meas.items() if n != IMPORTED[0]] == [3.0, 4.0, 1.0, 1.5]
+    assert [m["gpus_used"] for m in meas.values()] == [1, 1, 2, 1, 1]
+    assert [m["machine"] for m in meas.values()] == ["box-x2"] * 3 + ["box-x1"] * 2
+    assert [m["discard"] for m in meas.values()] == [1, 1, 1, 2, 2]
+    assert [m["iters"] for m in meas.values()] == [3] * 5  # len(all_steps_s)
+    assert [m["date"] for m in meas.values()] == ["2000-01-02"] * 3 + ["2000-01-03"] * 2
+    assert meas[IMPORTED[2]]["host_pss_bytes"] == 2 * 2**30
+    assert [(p.cast_threads, p.update_threads) for p in plans.values()] == [
+        (1, 1), (2, 2), (1, 1), (3, 5), (3, 5)]
+    asked = meas[IMPORTED[1]]["notes"][-1]
+    assert "cast 2 + update 2 threads" in asked and "asked for 1 + 1" in asked
+    assert (plans[IMPORTED[4]].host_bf16_copy, plans[IMPORTED[4]].window_slots) == (True, 5)
+    for n, m in meas.items():
+        assert m["trace"] is None and m["notes"][0] == NO_TRACE
+        assert ("run-note" in m["notes"]) == n.startswith("m-")
+        results = "multi.jsonl" if n.startswith("m-") else "single.json"
+        assert (out / n / m["source"]).resolve() == imported / "benchmarks" / "results" / results
+    profile = imported / "benchmarks" / "results" / "profile.toml"
+    for n in IMPORTED:
+        hw = json.loads((out / n / store.PREDICTED).read_text())["hardware"]
+        if n.startswith("m-"):
+            assert (hw["sha256"], hw["notes"]) == (store.sha256(profile), ["hw-note"])
+            assert (out / n / hw["file"]).resolve() == profile
+        else:
+            assert (hw["preset"], hw["notes"]) == ("h200x1", [])
+    with (out / store.SUMMARY_CSV).open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["case"] for r in rows) == sorted(IMPORTED)
+    assert {r["case"]: r["source"] for r in rows}[IMPORTED[3]] == "single.json"
+
+
+def test_predict_only_recomputes_and_summarizes(imported, tmp_path, capsys):
+    shutil.copytree(imported, tmp_path, dirs_exist_ok=True)
     out = tmp_path / "validation"
-    for f in store.stored_cases(VALIDATION, "h200-qwen3-4b-r1-gb1-*"):  # preset h200x1: relocatable
-        shutil.copytree(f, out / f.name)
-        (out / f.name / store.PREDICTED).write_text(json.dumps(
+    for f in store.stored_cases(out):
+        (f / store.PREDICTED).write_text(json.dumps(
             json.loads((f / store.PREDICTED).read_text()) | {"analytic": {}, "simulated": {}}))
     assert main(["validate", "--predict-only", "--out", str(out)]) == 0
-    assert "simulated: 2 cases, MAPE" in capsys.readouterr().out
+    assert f"simulated: {len(IMPORTED)} cases, MAPE" in capsys.readouterr().out
     rows = (out / store.SUMMARY_CSV).read_text().splitlines()
-    assert len(rows) == 3
+    assert len(rows) == 1 + len(IMPORTED)
     for f in store.stored_cases(out):
         pred = json.loads((f / store.PREDICTED).read_text())
         assert pred["analytic"]["step_time_s"] > 0 and pred["simulated"]["step_time_s"] > 0
-        assert pred["hardware"]["notes"]  # same file: its notes stay
+        assert pred["hardware"]["notes"] == (["hw-note"] if f.name.startswith("m-") else [])
     assert main(["validate", "--predict-only", "--out", str(out), "--hardware", "h200x2",
-                 "--select", "*bf16copy"]) == 0
-    pred = json.loads((out / "h200-qwen3-4b-r1-gb1-mb1-sharded-gpu-rank0-bf16copy"
-                       / store.PREDICTED).read_text())
+                 "--select", "*bf16copy*"]) == 0
+    pred = json.loads((out / IMPORTED[4] / store.PREDICTED).read_text())
     assert (pred["hardware"]["name"], pred["hardware"]["notes"]) == ("h200x2", [])
     assert main(["validate", "--predict-only", "--out", str(out), "--select", "nothing*"]) == 2
     # a case not yet predicted (stored by a validation stopped before its prediction): one line
     # naming its predicted.json and what to give
-    (out / "h200-qwen3-4b-r1-gb1-mb1-sharded-gpu-rank0-bf16copy" / store.PREDICTED).unlink()
+    (out / IMPORTED[4] / store.PREDICTED).unlink()
     capsys.readouterr()
     assert main(["validate", "--predict-only", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "bf16copy/predicted.json" in err and "--hardware" in err and "\n" not in err
+    assert f"{IMPORTED[4]}/predicted.json" in err and "--hardware" in err and "\n" not in err
 
 
 @pytest.mark.xdist_group("dist")  # two torchrun ranks, with the dist modules
@@ -555,16 +638,15 @@ def test_case_spec_reads_a_plan_file(tmp_path):
 
 
 @pytest.mark.parametrize("field, given", [
-    ("ran_threads", 'ran_threads = {default = [12, 12], "4:4:nosuchcase" = [1, 1]}'),
-    ("skip", 'ran_threads = {default = [12, 12]}\nskip = ["4:4:nosuchcase"]')])
+    ("ran_threads", 'ran_threads = {default = [1, 1], "4:4:nosuchcase" = [1, 1]}'),
+    ("skip", 'ran_threads = {default = [1, 1]}\nskip = ["4:4:nosuchcase"]')])
 def test_import_refuses_case_strings_of_no_case(tmp_path, field, given):
-    (tmp_path / "validation").mkdir()
-    text = (VALIDATION / "imports.toml").read_text().replace(
-        'ran_threads = {default = [12, 12]}', given, 1)
-    (tmp_path / "validation" / "imports.toml").write_text(text)
-    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    first = IMPORTS.split("\n\n")[0].splitlines()
+    kept = [line for line in first if not line.startswith(("ran_threads", "skip"))]
+    provenance = write_archive(tmp_path, "\n".join([*kept, given]) + "\n")
     with pytest.raises(SpecError, match=f"{field}.4:4:nosuchcase"):
-        import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")
+        import_results(provenance, tmp_path / "validation")
+    assert store.stored_cases(tmp_path / "validation") == []
 
 
 def test_a_gpu_tasks_issue_interval_survives_the_trace_file_and_the_shifts(tmp_path):
@@ -713,13 +795,10 @@ def test_an_older_store_of_plain_json_traces_is_read_and_repredicted(tmp_path):
 
 
 def test_import_refuses_a_skip_that_is_not_a_list(tmp_path):
-    (tmp_path / "validation").mkdir()
-    text = (VALIDATION / "imports.toml").read_text().replace(
-        'ran_threads = {default = [12, 12]}', 'ran_threads = {default = [12, 12]}\nskip = "4:4"', 1)
-    (tmp_path / "validation" / "imports.toml").write_text(text)
-    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    provenance = write_archive(tmp_path, IMPORTS.replace(
+        'skip = ["2:2:replicated:cpu:rank0"]', 'skip = "2:2:replicated:cpu:rank0"', 1))
     with pytest.raises(SpecError, match="skip.*a list of case strings"):
-        import_results(tmp_path / "validation" / "imports.toml", tmp_path / "validation")
+        import_results(provenance, tmp_path / "validation")
 
 
 def test_task_kind_rows_read_each_kind_and_its_issuing_part():
