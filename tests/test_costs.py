@@ -5,7 +5,6 @@ policy sac's measured recompute."""
 
 from __future__ import annotations
 
-import math
 import tomllib
 from dataclasses import replace
 
@@ -23,7 +22,6 @@ from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import LayerTime, load_hardware, parse_hardware, preset_dir
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan, default_plan
-from slidedp.spec.segments import policy_cost, segment_costs
 from slidedp.spec.workload import Workload
 
 MIB = 2**20
@@ -64,33 +62,34 @@ def test_cast_rate_interpolates_in_log_chunk_size(hw_chunks):
     assert h.cast_rate(8) == pytest.approx(8.2e9)  # no chunk: the thread curve
 
 
-@pytest.mark.parametrize("chunk_mib", [16.0, 64.0])
-def test_cast_durations_use_the_chunk_rate_when_present(hw_chunks, chunk_mib):
+# By hand: _graph's casts run on 24 threads (Plan().threads(32), a whole team: share 1.0), past
+# ROWS's last thread count (16), so a chunk's rate is the 16-thread column: 6.0 Gelem/s at 16 MiB,
+# 12.0 at 256 MiB, linear in log chunk size between (64 MiB: log 4 / log 16 = 0.5 of the way).
+@pytest.mark.parametrize("chunk_mib, full_s", [
+    (16.0, 1.3981013e-3),  # 16 MiB / 2 B = 8,388,608 elements / 6.0e9 elements/s
+    (64.0, 3.7282702e-3),  # 33,554,432 elements / ((6.0 + 12.0) / 2 = 9.0e9 elements/s)
+])
+def test_cast_durations_use_the_chunk_rate_when_present(hw_chunks, chunk_mib, full_s):
     wl, g = _graph(chunk_mib)
     d, idx = task_durations(g, hw_chunks, wl), _casts(g)
-    share = task_core_share(g)[idx[0]]
-    for v in idx:
-        elems, t = g.work[v], g.threads[v]
-        assert d[v] == pytest.approx(elems / (hw_chunks.host.cast_rate(t, elems) * share))
+    assert (task_core_share(g)[idx] == 1.0).all() and (g.threads[idx] == 24).all()
     full = idx[np.argmax(g.work[idx])]  # a whole plan chunk (the unit's last may be shorter)
     assert g.work[full] == chunk_mib * MIB / 2
-    w = math.log(chunk_mib / 16) / math.log(256 / 16)
-    t = g.threads[full]
-    rate = ((1 - w) * hw_chunks.host.cast_chunk[0][1].at(t)
-            + w * hw_chunks.host.cast_chunk[1][1].at(t))
-    assert d[full] == pytest.approx(g.work[full] / (rate * share))
-    assert d[full] != pytest.approx(g.work[full] / (hw_chunks.host.cast_elems_per_s.at(t) * share))
+    assert d[full] == pytest.approx(full_s, rel=1e-6)
+    norm = idx[g.work[idx] == 512]  # a 512-element unit: below 16 MiB, the 16 MiB row's rate
+    assert len(norm) and d[norm] == pytest.approx(512 / 6.0e9, rel=1e-6)  # 8.533e-8 s
 
 
 def test_cast_durations_use_the_thread_curve_without_the_table():
+    """h200x2's thread curve at 24 threads, between [16, 11.8] and [32, 16.5] Gelem/s:
+    11.8 + (16.5 - 11.8) x 8 / 16 = 14.15 Gelem/s, for every chunk size."""
     hw = load_hardware("h200x2")
     assert hw.host.cast_chunk == ()
     wl, g = _graph()
     d, idx = task_durations(g, hw, wl), _casts(g)
-    share = task_core_share(g)[idx]
-    want = g.work[idx] / (np.array([hw.host.cast_elems_per_s.at(t) for t in g.threads[idx]])
-                          * share)
-    assert d[idx] == pytest.approx(want)
+    full = idx[np.argmax(g.work[idx])]
+    assert d[full] == pytest.approx(2.3713380e-3, rel=1e-6)  # 33,554,432 / 14.15e9
+    assert d[idx] == pytest.approx(g.work[idx] / 14.15e9, rel=1e-6)
 
 
 def test_simulated_core_sharing_follows_the_chunk_curve(hw_chunks):
@@ -137,18 +136,25 @@ def test_the_teams_by_chunk_size_set_the_graphs_cap_and_cast_weight(hw_chunks):
         plan = Plan(**{**base.__dict__, "h2d_chunk_mib": h2d_mib, "d2h_chunk_mib": d2h_mib})
         return plan, build_graph(wl, plan, cores=32, iterations=1)
 
-    for chunk_mib, total, cast in ((64, 90e9, 25e9), (256, 100e9, 34e9), (128, 95e9, 29.5e9)):
+    # By hand: the weight is the cast's share of the teams' traffic over its traffic alone (its
+    # rate at the chunk, ROWS at 24 threads, x 6 B an element), divided by the update's (the
+    # rest, over h200x2's AdamW at 24 threads, 3.77 + (5.4 - 3.77) x 8 / 16 = 4.585 Gparam/s,
+    # x 28 B a parameter = 128.38 GB/s). The whole-buffer run: 30 / (14.15 x 6) over
+    # 110 / 128.38 = 0.353357 / 0.856831 = 0.412400 (the thread curve's cast rate, 14.15).
+    assert host.cast_weight() == pytest.approx(0.412400, rel=1e-5)
+    for chunk_mib, total, cast, weight in (
+            (64, 90e9, 25e9, 0.914387),  # 25 / (9.0 x 6) over 65 / 128.38
+            (256, 100e9, 34e9, 0.918544),  # 34 / (12.0 x 6) over 66 / 128.38
+            # the teams' rows interpolated in log chunk size, halfway: (90 + 100) / 2 and
+            # (25 + 34) / 2; the cast at 128 MiB, 3/4 of the way: 6.0 / 4 + 12.0 x 3 / 4 = 10.5
+            (128, 95e9, 29.5e9, 0.917778),  # 29.5 / (10.5 x 6) over 65.5 / 128.38
+    ):
         plan, g = graph(chunk_mib, chunk_mib)
         assert host.teams_at(chunk_mib * mib) == (pytest.approx(total), pytest.approx(cast))
         assert dram_bps(g, hw) == pytest.approx(min(total, host.dram_bps))
         d = task_durations(g, hw, wl)
         specs = task_flows_spec(g, d, resource_use(g, hw, d), hw, 0.0)
-        # by hand: the cast's share of its rate alone at the chunk (chunk / 2 B elements, 6 B
-        # each) over the update's at its whole-buffer rate (28 B a parameter)
-        weight = ((cast / (host.cast_rate(24, chunk_mib * mib / 2) * 6))
-                  / ((total - cast) / (host.adam_rate(24) * 28)))
-        assert host.cast_weight(chunk_mib * mib) == pytest.approx(weight)
-        assert weight != pytest.approx(host.cast_weight())
+        assert host.cast_weight(chunk_mib * mib) == pytest.approx(weight, rel=1e-5)
         assert all(specs[v][3] == pytest.approx(weight) for v in _casts(g))
         whole = replace(hw, host=replace(host, dram_teams_chunk=()))
         assert simulate(hw, wl, plan).step_time_s != simulate(whole, wl, plan).step_time_s
@@ -181,8 +187,12 @@ def test_oversized_teams_slow_only_their_own_tasks(hw_chunks):
     assert (s_base == 1).all() and (s_big[cast] == 1).all()
     assert s_big[adam] == pytest.approx(12 / 24)
     d = task_durations(big, hw_chunks, wl)
-    rates = np.array([hw_chunks.host.adam_rate(t) for t in big.threads[adam]])
-    assert d[adam] == pytest.approx(big.work[adam] / (rates * 12 / 24))
+    # by hand: a 64 MiB FP32 chunk of 16,777,216 parameters at h200x2's AdamW on 24 threads,
+    # 4.585 Gparam/s (3.77 + (5.4 - 3.77) x 8 / 16), on half the cores it asks for:
+    # 16777216 / (4.585e9 x 12 / 24) = 7.318306e-3 s
+    full = np.flatnonzero(adam)[np.argmax(big.work[adam])]
+    assert (big.work[full], big.threads[full]) == (16777216, 24)
+    assert d[full] == pytest.approx(7.318306e-3, rel=1e-6)
 
 
 def _with_memory_cap(tmp_path, gbps: float):
@@ -303,11 +313,14 @@ def test_the_matmuls_never_run_above_the_gpus_peak():
     hw = replace(base, gpu=replace(base.gpu, layer_times=(lt,)))
     wl = Workload(m, 4096, 1, 1, 1)
     assert _recompute_ms(hw, wl, "layer") == pytest.approx(2.6, rel=1e-6)
-    sac = _recompute_ms(hw, wl, "sac")
-    flops_ms = sum(segment_costs(m, 4096).fwd_flops) * 4096 / base.gpu.peak_bf16_flops * 1e3
-    assert sac < 0.85 * 2.6 and sac == pytest.approx(
-        (2.6 - flops_ms) * policy_cost(m, "sac", 4096).recompute_hbm_bytes
-        / sum(segment_costs(m, 4096).fwd_hbm_bytes), rel=1e-6)
+    # By hand (Qwen3-4B: h 2560, q 32 x 128 = 4096, k 8 x 128 = 1024, w 9728, q/k norms):
+    # forward matmul FLOPs a token 2h(q + 2k) + 2q.seq + 2qh + 4hw + 2wh = 31,457,280 +
+    # 33,554,432 + 20,971,520 + 99,614,720 + 49,807,360 = 235,405,312; x 4096 tokens at the
+    # H200's 989 TFLOP/s: 0.974945 ms, leaving 2.6 - 0.974945 = 1.625055 ms of elementwise work.
+    # Elementwise HBM bytes a token: 4h + 8(q + k) + 6h + 4h + 6w + 6h = 150,528; sac recomputes
+    # the norms (4h twice), q/k norm + RoPE (8(q + k)), the o_proj input copy (4q) and SiLU(g) u
+    # (6w): 136,192, 0.904762 of them: 1.625055 x 0.904762 = 1.470288 ms, below 0.85 x 2.6.
+    assert _recompute_ms(hw, wl, "sac") == pytest.approx(1.470288, rel=1e-6)
 
 
 @pytest.mark.parametrize("bad", [-1.0, 0.0, 1.0, 2.5])
