@@ -23,14 +23,25 @@ def _table(title: str, head: list[str], rows: list[list[str]]) -> str:
     return "\n".join([title, fmt.format(*head), *(fmt.format(*r) for r in rows)])
 
 
-def rounds_line(req: Request, res: Results) -> str:
-    """How far the host rates' rounds differed, per kernel; a warning above UNSTEADY."""
+def round_spreads(res: Results) -> dict[str, float]:
+    """How far the host rates' rounds differed, per sampled kernel (Rounds.spread: 0.5 = some
+    rate of it differed by 50% between rounds), in the order the summary lists them."""
     sampled = res.host_rounds.kernels()
-    spread = {k: res.host_rounds.spread(k) for k in (*HOST_KERNELS, CAST_CHUNK, *TEAMS)
-              if k in sampled}
+    return {k: res.host_rounds.spread(k) for k in (*HOST_KERNELS, CAST_CHUNK, *TEAMS)
+            if k in sampled}
+
+
+def unsteady(spreads: dict[str, float]) -> bool:
+    """Whether some host rate's rounds differed by more than UNSTEADY (the summary warns)."""
+    return max(spreads.values(), default=0.0) > UNSTEADY
+
+
+def rounds_line(req: Request, res: Results) -> str:
+    """round_spreads as a line of the summary; a warning where they are unsteady."""
+    spread = round_spreads(res)
     line = (f"host rates: {req.sizes.host_rounds} rounds, each on fresh buffers; the rounds "
             "differed by up to " + ", ".join(f"{v:.0%} ({k})" for k, v in spread.items()))
-    if max(spread.values(), default=0.0) > UNSTEADY:
+    if unsteady(spread):
         line += (f". Above {UNSTEADY:.0%}: this machine's host rates vary from run to run (with "
                  "where the buffers land, as on the nvidia-h200 VMs, or with other load); "
                  "host-bound predictions hold only within that spread, as the executor's own runs "
