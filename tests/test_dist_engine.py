@@ -395,7 +395,7 @@ def _check_pss(run) -> tuple[float, float]:
 # ---- on the 2-GPU machine: python -m pytest -m gpu tests/test_dist_engine.py -------------------
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(2)
 def test_cuda_two_ranks_every_route(tmp_path):
     """NCCL collectives, comm streams, pinned shared rings, FP32: the same checks as on the CPU."""
     run = _launch(2, tmp_path, "cuda")
@@ -416,7 +416,7 @@ def test_two_ranks_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(t
         assert all(torch.equal(x, y) for x, y in zip(a["masters"], b["masters"], strict=True)), name
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(2)
 def test_cuda_two_ranks_bf16_tracks_fp32_reference(tmp_path):
     """BF16 slots, shared BF16 rings, NCCL BF16 reductions: losses near the FP32 reference."""
     R, ranks, refs_of = run = _launch(2, tmp_path, "cuda", "bfloat16")

@@ -96,7 +96,7 @@ def test_failure_stops_every_rank_names_the_cause_and_keeps_the_checkpoint(mode,
     _check_fault(mode, tmp_path, "cpu")
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(2)
 @pytest.mark.parametrize("mode", ["raise", "kill", "kill-term"])
 def test_cuda_failure_stops_every_rank(mode, tmp_path):
     """NCCL: ranks blocked in collectives or on GPU events are stopped by the watchdog too."""

@@ -14,7 +14,6 @@ fails.
 import json
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_exec_engine import CONFIGS
@@ -84,8 +83,6 @@ def test_preset_spec_config_is_accepted():
 
 @pytest.mark.gpu
 def test_cuda_measures_allocated_bytes():
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
     prof = profile_layer_policy(CONFIGS["qwen3"], "none", MB, 256, device="cuda",
                                 offload_ratio=0.5)
     assert prof.retained_alloc_bytes >= prof.retained_bytes * 0.5
@@ -94,14 +91,20 @@ def test_cuda_measures_allocated_bytes():
 
 @pytest.mark.gpu
 def test_cuda_policies_cost_what_they_recompute():
-    """One Qwen3-0.6B layer in BF16, micro-batch 2 x 2048 tokens: "none" (and seg:0b1111111, the
-    same) skips the recompute, so it is faster than the whole-layer checkpoint; seg:0b0000000
-    recomputes a little less than "layer" (not down_proj): not slower, 5 % slack for noise."""
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
+    """One Qwen3-0.6B layer in BF16, micro-batch 2 x 2048 tokens. What a policy recomputes is
+    structural: "none" and seg:0b1111111 (every boundary kept) nothing, "layer" and seg:0b0000000
+    (no boundary kept) the forward. The time between them is about that forward: with a forward
+    f and a backward about 2f, 3f against 4f, so a policy that recomputes nothing takes at most
+    0.9 of one that recomputes the forward (the margin holds while the recompute is above a
+    tenth of the layer's time). No order is asserted between "layer" and seg:0b0000000: the
+    segment path re-runs the segments one at a time, an overhead the FLOP share does not count
+    and that can make it the slower of the two."""
     cfg = json.loads((preset_dir() / "qwen3-0.6b.json").read_text())
-    t = {p: profile_layer_policy(cfg, p, 2, 2048, device="cuda", repeats=7).compute_s
-         for p in ("layer", "none", "seg:0b1111111", "seg:0b0000000")}
-    assert t["none"] < t["layer"], t
-    assert t["seg:0b1111111"] < t["layer"], t
-    assert t["seg:0b0000000"] < 1.05 * t["layer"], t
+    prof = {p: profile_layer_policy(cfg, p, 2, 2048, device="cuda", repeats=7)
+            for p in ("layer", "none", "seg:0b1111111", "seg:0b0000000")}
+    assert prof["none"].recompute_s == prof["seg:0b1111111"].recompute_s == 0.0
+    assert prof["layer"].recompute_s > 0 and prof["seg:0b0000000"].recompute_s > 0
+    t = {p: x.compute_s for p, x in prof.items()}
+    for kept in ("none", "seg:0b1111111"):
+        for redone in ("layer", "seg:0b0000000"):
+            assert t[kept] < 0.9 * t[redone], (kept, redone, t)

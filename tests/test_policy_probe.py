@@ -329,8 +329,6 @@ def test_cli_train_plan_auto_checks_the_data_before_choosing(tmp_path):
 def test_cuda_probes_run_on_the_shared_and_subset_states(tmp_path):
     """On a GPU: a probe and a marginal cost of a model deeper than DISTINCT_LAYERS (BF16), on the
     shared-layer probe state and the reduced pipeline's subset of it."""
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
     wl = Workload(_deep_tiny(tmp_path, layers=DISTINCT_LAYERS + 3), 64, 4, 2, 1)
     with ExecutorProbe(wl, "cuda") as pr:
         pr.prepare()

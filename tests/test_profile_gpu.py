@@ -22,8 +22,7 @@ from slidedp.profile.sizes import MIB, Sizes
 from slidedp.spec.hardware import COLLECTIVES, load_hardware
 from slidedp.spec.model import load_model
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 SMALL = Sizes(host_floor_bytes=64 * MIB, llc_multiple=0, thread_step=4, chunk_mib=(4, 64),
               stream_copies=2, collective_mib=(4, 64), micro_batches=(1, 2), warmup=1, repeats=3,
@@ -82,7 +81,7 @@ def test_matmul_rate():
     assert 20e12 < matmul_flops_per_s(2, 10) < 2500e12
 
 
-@pytest.mark.skipif(GPUS < 2, reason="needs two GPUs")
+@pytest.mark.gpu(2)
 def test_collectives_on_all_gpus():
     t = collective_times_s(GPUS, [4 * MIB, 64 * MIB], 1, 3, 300)
     for op in COLLECTIVES:
