@@ -118,7 +118,7 @@ x2-val)  # nvidia-h200-x2, one call: profile (the teams at once with the cast's 
     M=${MODEL:-qwen3-8b}
     python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
         --model qwen3-4b qwen3-8b --micro-batch 1 4 --quick --name "h200x2-profile-$(date +%H%M)"
-    python3 benchmarks/chunk_cost_probe.py "$OUT/chunk-cost-probe.json"
+    python3 benchmarks/probes/chunk_cost_probe.py "$OUT/chunk-cost-probe.json"
     CUDA_VISIBLE_DEVICES=0 python3 benchmarks/multi_gpu.py "$OUT/teams-1-1.jsonl" "$M" "1:1:$G" \
         "1:1:$G:cast_threads=12:update_threads=18" --iters 6 --discard 3
     python3 -m slidedp.cli validate --hardware "$OUT/h200x2-profile.toml" \
@@ -182,7 +182,7 @@ chunk-cost)  # nvidia-h200-x2 (one GPU), one call: why the executor's cast of a 
     # 64 and 256 MiB with Python's thread switch interval at 5 ms (default) and 0.5 ms, with traces
     python3 -m slidedp.cli profile --out "$OUT/h200x2-profile.toml" --base h200x2 \
         --model qwen3-4b --micro-batch 1 4 --quick --name "h200x2-profile-$(date +%H%M)"
-    python3 benchmarks/chunk_cost_probe.py "$OUT/chunk-cost-probe.json"
+    python3 benchmarks/probes/chunk_cost_probe.py "$OUT/chunk-cost-probe.json"
     for v in "default|" "switch|--switch-interval-s 0.0005"; do
         name=${v%%|*}; opt=${v#*|}
         python3 benchmarks/multi_gpu.py "$OUT/chunk-cost-$name.jsonl" qwen3-4b "1:1:$G" \
@@ -204,9 +204,9 @@ probe-state)  # any H200, ~4 min (its tests import hypothesis: carry its wheels,
     # GPU-bound (mb 4, window 36: they cannot)
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_policy_probe.py \
         tests/test_profile_gpu.py tests/test_exec_policy_profile.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt" || true
-    python3 benchmarks/probe_state_check.py "$OUT/probe-state-4b-mb1.json" --model qwen3-4b \
+    python3 benchmarks/probes/probe_state_check.py "$OUT/probe-state-4b-mb1.json" --model qwen3-4b \
         --micro-batch 1 --iters 6 --discard 2 --runs 2
-    python3 benchmarks/probe_state_check.py "$OUT/probe-state-4b-mb4.json" --model qwen3-4b \
+    python3 benchmarks/probes/probe_state_check.py "$OUT/probe-state-4b-mb4.json" --model qwen3-4b \
         --micro-batch 4 --window-slots 36 --iters 6 --discard 2 --runs 2 ;;
 ap-confirm)  # any H200: the rows that decide an `ap` comparison measured again by the protocol
     # (15 steps, mean of the last 7, two interleaved runs; benchmarks/confirm_sweep.py), e.g.
@@ -216,16 +216,16 @@ ap-confirm)  # any H200: the rows that decide an `ap` comparison measured again 
 adam-llc)  # any H200 (~2 min): do the update and the cpu reduction's host sum read what the D2H
     # has just written from the CPU's cache? (the 8B update channel on nvidia-h200 ran at 125 GB/s
     # of state traffic with 64 MiB chunks, above the profile's DRAM peak; the x4's host sum of 4
-    # ranks at ~217 GB/s counted; benchmarks/adam_after_d2h_probe.py: Adam cold / after a D2H, the
+    # ranks at ~217 GB/s counted; benchmarks/probes/adam_after_d2h_probe.py: Adam cold / after a D2H, the
     # sum of 2 and 4 chunks cold / after D2Hs, Adam after the sum), at the update team's thread
     # count of each kind (12 on nvidia-h200, 24 on the x2, 48 on the x4)
-    python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-after-d2h.json" \
+    python3 benchmarks/probes/adam_after_d2h_probe.py "$OUT/adam-after-d2h.json" \
         --update-threads "${THREADS:-12}" ;;
 h200-drift)  # nvidia-h200 (~8 min): do two default quick profiles (7 rounds, each on fresh
     # buffers: a host rate depends on where its buffers land) agree, and predict the matrix's
     # three host-bound 4B cases measured between them by the protocol (15 steps, mean of the last
     # 7, two runs)? (2026-12-01 17:57: two 9-round profiles on one allocation each still read
-    # AdamW at 12 threads 3.70 and 4.34 Gparam/s; 18:07, benchmarks/host_placement_probe.py: 34%
+    # AdamW at 12 threads 3.70 and 4.34 Gparam/s; 18:07, benchmarks/probes/host_placement_probe.py: 34%
     # between allocations, in two groups, 9% within one)
     for k in a b; do
         python3 -m slidedp.cli profile --out "$OUT/h200-profile-$k.toml" --base h200x1 \
@@ -248,7 +248,7 @@ h200-update)  # nvidia-h200 (~6 min): why the executor's update ran slower than 
     # downloaded, and a cold slot with Python kernel launches beside (the GIL), before and after
     # the worst host-bound case by the protocol
     probe() {
-        python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-probe-$1.json" --chunk-mib 64 \
+        python3 benchmarks/probes/adam_after_d2h_probe.py "$OUT/adam-probe-$1.json" --chunk-mib 64 \
             --adam-only --state-memory shm --state-gib 2 --chunks 48 --repeats 3 \
             | python3 -c "import json,sys; [print(r['condition'], round(r['median_ms'], 2), round(r['counted_gbps'])) for r in map(json.loads, sys.stdin)]"
     }
@@ -268,7 +268,7 @@ h200-threads)  # nvidia-h200 (~4 min): is the executor's slow update CPU-side (t
     # executor's chunks at that size), twice, then the probes again
     probes() {
         for t in 8 12 16; do
-            python3 benchmarks/adam_after_d2h_probe.py "$OUT/adam-probe-$1-t$t.json" \
+            python3 benchmarks/probes/adam_after_d2h_probe.py "$OUT/adam-probe-$1-t$t.json" \
                 --chunk-mib 64 --adam-only --state-memory shm --state-gib 2 --chunks 48 \
                 --repeats 2 --update-threads "$t" | python3 -c "import json,sys; [print($t, r['condition'], round(r['median_ms'], 2)) for r in map(json.loads, sys.stdin) if r['condition'] in ('cold', 'after_d2h')]"
         done
@@ -306,7 +306,7 @@ mem-kind)  # any H200 (~1 min): AdamW, cast and copy on /dev/shm mappings (the h
     # since 2026-12-01 13:40, the profile's memory) against anonymous memory (earlier profiles'),
     # alternating; with the huge-page modes (the 13:09 lease's profile measured AdamW 44% faster
     # than the 08:29 lease's while the executor ran the 8B update alike on both)
-    python3 benchmarks/memory_kind_probe.py "$OUT/memory-kind.json" ;;
+    python3 benchmarks/probes/memory_kind_probe.py "$OUT/memory-kind.json" ;;
 rows)  # nvidia-h200-x2, one GPU: the split embedding update (plan.embedding_rows) against the
     # whole one, Qwen3-8B (untied), the host-bound and GPU-bound batches
     python3 benchmarks/multi_gpu.py "$OUT/8b-rows.jsonl" qwen3-8b ref:4 "4:4:$G:window_slots=36" \

@@ -15,7 +15,7 @@
 # Weak scaling: 8 sequences per GPU (global batch 8R, micro-batch 4); strong scaling: global
 # batch 32 at R = 2, 4 (and 8) (R = 1 would take ~20 s a step: its point comes from weak scaling's
 # per-GPU rate). Window = every layer (36 for 8B, 40 for 14B): the fastest measured setting on the
-# 2x machine. Projections for the same cases: benchmarks/RESULTS.md ("Projected: 4 and 8 GPUs").
+# 2x machine. Projections for the same cases: benchmarks/results/2026-11-30-projected-x4-x8.md.
 set -euo pipefail
 R=$1
 OUT=$2

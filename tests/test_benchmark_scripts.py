@@ -70,8 +70,8 @@ def test_multi_gpu_benchmark_on_two_ranks_and_a_failing_case(tmp_path):
 
 def test_probe_state_check_times_both_states_interleaved(tmp_path):
     out = tmp_path / "ps.json"
-    p = _run("benchmarks/probe_state_check.py", str(out), "--model", "tiny-qwen3", "--seq", "32",
-             "--device", "cpu", "--iters", "2", "--discard", "1", "--runs", "2",
+    p = _run("benchmarks/probes/probe_state_check.py", str(out), "--model", "tiny-qwen3",
+             "--seq", "32", "--device", "cpu", "--iters", "2", "--discard", "1", "--runs", "2",
              "--distinct-layers", "1")
     assert p.returncode == 0, p.stderr
     d = json.loads(out.read_text())
@@ -147,7 +147,7 @@ def test_confirm_sweep_reruns_the_deciding_rows_interleaved(tmp_path):
 def test_recompute_model_check_on_the_stored_layer_timings():
     """The stored nvidia-h200 per-policy layer timings (04:28, seq 16384): with sac's measured
     recompute the model's recompute times are closer to the measured ones than with the HBM rate."""
-    p = _run("benchmarks/recompute_model_check.py",
+    p = _run("benchmarks/probes/recompute_model_check.py",
              "benchmarks/results/2026-12-01-h200-profile-0205.toml",
              "benchmarks/results/2026-12-01-h200-autopolicy-4b-seq16384-0428/policy_layers.json")
     assert p.returncode == 0, p.stderr
@@ -160,8 +160,8 @@ def test_adam_after_d2h_probe_times_every_condition_on_the_cpu(tmp_path):
     """A smoke run (the CPU's copies stand in for the DMA): every condition of each chunk size,
     twice, with the counted traffic of each kernel."""
     out = tmp_path / "adam.json"
-    p = _run("benchmarks/adam_after_d2h_probe.py", str(out), "--device", "cpu", "--chunk-mib",
-             "1", "--chunks", "2", "--update-threads", "1", "--sum-ranks", "2", "3",
+    p = _run("benchmarks/probes/adam_after_d2h_probe.py", str(out), "--device", "cpu",
+             "--chunk-mib", "1", "--chunks", "2", "--update-threads", "1", "--sum-ranks", "2", "3",
              "--state-gib", "0.01", "--cold-ring-gib", "0.02")
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -175,8 +175,8 @@ def test_adam_after_d2h_probe_times_every_condition_on_the_cpu(tmp_path):
         per_elem = 4 * (3 * (r["ranks"] - 1) + 1) if r["condition"].startswith("sum") else 28
         assert r["chunks"] == 2 and r["mean_ms"] > 0
         assert r["counted_gbps"] == pytest.approx(per_elem * (MIB // 4) / r["mean_ms"] / 1e6)
-    p = _run("benchmarks/adam_after_d2h_probe.py", str(out), "--device", "cpu", "--chunk-mib",
-             "1", "--chunks", "2", "--update-threads", "1", "--state-gib", "0.01",
+    p = _run("benchmarks/probes/adam_after_d2h_probe.py", str(out), "--device", "cpu",
+             "--chunk-mib", "1", "--chunks", "2", "--update-threads", "1", "--state-gib", "0.01",
              "--cold-ring-gib", "0.02", "--adam-only", "--state-memory", "shm", "--repeats", "3")
     assert p.returncode == 0, p.stderr
     got = json.loads(out.read_text())
@@ -188,8 +188,8 @@ def test_memory_kind_probe_alternates_the_kinds_on_the_profiles_kernels(tmp_path
     """A smoke run: each round times both memory kinds (shm first, then anon) at every thread
     count with the profile's kernels, and records the huge-page modes and counters."""
     out = tmp_path / "kind.json"
-    p = _run("benchmarks/memory_kind_probe.py", str(out), "--mib", "8", "--threads", "1", "2",
-             "--rounds", "2", "--sample-s", "0")
+    p = _run("benchmarks/probes/memory_kind_probe.py", str(out), "--mib", "8",
+             "--threads", "1", "2", "--rounds", "2", "--sample-s", "0")
     assert p.returncode == 0, p.stderr
     doc = json.loads(out.read_text())
     assert doc["huge_pages"].startswith("THP enabled=")

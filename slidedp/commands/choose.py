@@ -17,7 +17,7 @@ from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Plan, plan_dict
 from slidedp.spec.workload import Workload
 
-DEFAULT_TIME_LIMIT_S = 60.0  # selection with probes (issue 8's target; the published method: ~20 min)
+DEFAULT_TIME_LIMIT_S = 60.0  # selection with probes (a minute, against the published method's ~20)
 
 
 def time_limit(value: float | None) -> float | None:

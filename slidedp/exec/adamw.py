@@ -47,7 +47,7 @@ class AdamWConfig:
 
 
 WIDEN_BLOCK = 1 << 22  # elements widened and updated at a time (16 MiB FP32): 4-6% faster than
-# 1 << 20 on nvidia-h200-x2 at 12 and 24 threads (benchmarks/widen_block_probe.py, 2026-12-01)
+# 1 << 20 on nvidia-h200-x2 at 12 and 24 threads (benchmarks/probes/widen_block_probe.py)
 _scratch = threading.local()  # per update thread: its FP32 block, allocated once
 
 

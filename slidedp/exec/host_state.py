@@ -22,10 +22,10 @@ The creator owns the files and unlinks them on close() (or earlier with unlink()
 process has mapped them, the memory lives as long as a mapping does and nothing can be left behind
 in /dev/shm); an attached process only unmaps. A state created without a name is the process's
 own (no other process can know its name to attach): its files are unlinked as soon as they are
-mapped, so that nothing stays in /dev/shm however the process ends (on nvidia-h200, 2026-12-01, a
-benchmark stopped by an exception and one killed for memory each left a 98 GB Qwen3-8B state
-there, and the next run was killed for want of memory). A named state (DistSession's) stays
-until its creator unlinks it.
+mapped, so that nothing stays in /dev/shm however the process ends (a process stopped by an
+exception or killed for memory would otherwise leave its state there, 98 GB for Qwen3-8B, and
+the next run would be killed for want of memory). A named state (DistSession's) stays until its
+creator unlinks it.
 """
 
 from __future__ import annotations

@@ -14,10 +14,9 @@ profile's agent timings and benchmarks/multi_gpu.py.
 Several measurements share one process (a sweep, AutoPolicy's probes): measure() drops its Engine
 (which holds no reference cycle: freed at once) and returns the CUDA cache before it returns, and
 resets the peak before the next Engine is built, so that each GPU peak is that configuration's
-alone and no finished engine's buffers are still held when the next one allocates (on
-nvidia-h200, 2026-12-01, before: one plan's peak read 28.5 GiB first in a process and 50.6 GiB
-after four other plans; the engine's task table of bound methods was a cycle, left to a later
-collection).
+alone and no finished engine's buffers are still held when the next one allocates (otherwise,
+on nvidia-h200, one plan's peak read 28.5 GiB first in a process and 50.6 GiB after four other
+plans, with each finished engine left to a later collection).
 """
 
 from __future__ import annotations

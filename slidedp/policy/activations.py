@@ -71,8 +71,8 @@ def shortlist(profiles: list[PolicyProfile], limit: int = 6) -> list[PolicyProfi
     between its hull neighbours costs more recompute, for its memory, than a mix of those two, so
     it matters only through the counts' integrality; a hull point cannot be emulated (in the
     model's recompute terms: the MILP then prices each policy by its marginal step time).
-    Thinning by order alone dropped `sac`, a hull point, from Qwen3-8B mb 4 on nvidia-h200
-    (2026-12-01). Where the hull has more points than fit, it is thinned by order, ends kept."""
+    Thinning by order alone dropped `sac`, a hull point, from Qwen3-8B mb 4 on nvidia-h200.
+    Where the hull has more points than fit, it is thinned by order, ends kept."""
     front = pareto_front(profiles)
     reference = next(p for p in profiles if p.name == "layer")  # tau's reference, always costed
     others = [p for p in front if p is not reference]

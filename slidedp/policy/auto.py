@@ -17,7 +17,7 @@ simulator ranking in seconds and real probes spent only on confirming the finali
        matter, not the whole shortlist. With a time limit, a policy's calibration starts only
        where, at the longest calibration so far, it ends within CALIBRATION_SHARE of the limit:
        the rest is kept for the probes, which come after (on nvidia-h200 the calibrations took
-       15-22 s and the probes 30 s of a 56-67 s selection, 2026-12-01); a policy left out keeps
+       15-22 s and the probes 30 s of a 56-67 s selection); a policy left out keeps
        its simulated tau_j, and the report says so. With probes, where the simulator prices no
        policy on the best simulated finalist (host-bound), nothing is measured per layer: the
        MILP's pick among equal costs says nothing then, and per-layer savings do not add up on
@@ -224,9 +224,9 @@ def _priced_none(finalist: Finalist, profiles: list[PolicyProfile]) -> bool:
     """Whether the simulator credits no policy a saving on `finalist` (a step it calls
     host-bound: no simulated tau_j more than UNPRICED_S below `layer`'s). The MILP is then
     indifferent and its pick says nothing, and per-layer costs measured in the reduced pipeline
-    do not add up either: on Qwen3-8B mb 4 on nvidia-h200 (2026-12-01) the MILP's indifferent
-    pick, seg:0b1101110, measured 4% slower as a whole plan and `sac`, never measured, 2%
-    faster; measured per layer (13:02) they saved 13.1 and 9.6 ms a layer, the MILP took
+    do not add up either: on Qwen3-8B mb 4 on nvidia-h200 the MILP's indifferent pick,
+    seg:0b1101110, measured 4% slower as a whole plan and `sac`, never measured, 2% faster;
+    measured per layer, they saved 13.1 and 9.6 ms a layer, the MILP took
     seg:0b1101110 again, and its whole plan was again no faster. A reduced-pipeline measurement
     at that size costs as much as a whole-plan probe (~10 s): whole plans are probed instead
     (_hull_fitting, _probe_unpriced)."""
@@ -469,7 +469,7 @@ def _probe_mix(probe: Probe, rep: PolicyReport, deadline: float | None, longest:
     MILP's mix, or the one the whole-plan simulation dropped where the probes measured a saving
     for one of its policies (the measured per-layer costs and the simulator's verdict on the
     whole plan disagree, e.g. a step the simulator calls host-bound within its error: Qwen3-8B mb
-    4 on nvidia-h200, 2026-12-01, where `sac` measured 3.5% faster). Only where the longest probe
+    4 on nvidia-h200, where `sac` measured 3.5% faster). Only where the longest probe
     so far still ends within the deadline. Whether it ran a probe."""
     chosen = rep.chosen
     a = chosen.activations

@@ -22,16 +22,16 @@ ExecutorProbe(model, workload, device), a context manager, random weights:
                          on a whole state (a layer of a 4B model, 0.4 GB of FP32 master per
                          array, is far larger than any CPU cache), while the state is built in a
                          fraction of the time and memory (first-touching a whole 8B state took
-                         ~30 s on the H200 hosts, most of an 8B probe's 33 s on 2026-12-01). One
+                         ~30 s on the H200 hosts, most of an 8B probe's 33 s). One
                          difference remains: with a window below the layer count the backward
                          re-uploads layers, and the task graph leaves a re-upload's cast unordered
                          with updates of layers 1 to window + 3 or more behind it (more with larger
                          chunks or more update workers), DISTINCT_LAYERS behind included; where two
                          such tasks run at once on the same chunk, the cast may read lines the
                          update just wrote from cache rather than DRAM (at most its 4 B/param
-                         read). benchmarks/probe_state_check.py measures the whole effect on the
-                         step at window 3 (such pairs) and at the full window (none): on
-                         nvidia-h200, Qwen3-4B (2026-12-01 08:33), shared / whole 1.068 at mb 1,
+                         read). benchmarks/probes/probe_state_check.py measures the whole effect
+                         on the step at window 3 (such pairs) and at the full window (none): on
+                         nvidia-h200, Qwen3-4B, shared / whole 1.068 at mb 1,
                          window 3 (the shared steps spread 1.67-2.03 s against 1.64-1.77: not
                          separated from noise), 1.005 at mb 4, window 36. None where the
                          executor refuses the plan (a SpecError: a policy it does not run yet) or
@@ -52,7 +52,7 @@ ExecutorProbe(model, workload, device), a context manager, random weights:
                          can hide (host-bound: down to 0) but not enlarge. The bound matters:
                          the reduced step keeps the whole embedding and head, whose host work
                          makes it host-bound for large vocabularies, and its step-to-step noise
-                         (tens of ms) exceeds a policy's effect on 4 layers (on 2026-12-01 it
+                         (tens of ms) exceeds a policy's effect on 4 layers (unbounded, it
                          measured seg:0b0000000, which recomputes as much as `layer`, 12.7 and
                          30.7 ms per layer faster: Qwen3-8B mb 4 on nvidia-h200-x2, Qwen3-4B
                          seq 16384 on nvidia-h200). Not bounded with an offload ratio above 0:
@@ -231,7 +231,7 @@ class ExecutorProbe:
     def _measured(self, pipe: _Pipeline, plan: Plan) -> float | None:
         """The plan's step time, or None with the reason in `refusals`. Each probe starts with
         the earlier probes' garbage collected and the allocator's cached blocks released, as in
-        a fresh process (on nvidia-h200, 2026-12-01, the probes of a selection measured a route
+        a fresh process (on nvidia-h200, without it, the probes of a selection measured a route
         4% and a policy mix 11% slower than runs of the same plans in a process of their own).
         Out of memory, the probe runs once more after the same release: a plan near the cap
         fits alone (a 4B mb-6 mix at 137 of 139.8 GiB, nvidia-h200-x2) but not beside what the

@@ -62,9 +62,9 @@ class ActivationChoice:
         simulation. The sum adds per-layer costs (measured ones bounded by a layer's own compute
         change) as if nothing else moved; the whole plan shows what the pipeline can absorb: a
         mix that frees GPU time the host then exposes saves less than its layers add up to
-        (Qwen3-4B seq 16384 on nvidia-h200, 2026-12-01: the MILP's sum 0.47 s, the whole plan
-        0.28 s at window 3 and 0.42 s at window 36, where the weights stay resident and the
-        backward uploads nothing; measured 2.015 s against 1.877 s)."""
+        (Qwen3-4B seq 16384 on nvidia-h200: the MILP's sum 0.47 s, the whole plan 0.28 s at
+        window 3 and 0.42 s at window 36, where the weights stay resident and the backward
+        uploads nothing; measured 2.015 s against 1.877 s; benchmarks/RESULTS.md)."""
         return min(self.milp_saving_s, self.whole_plan_saving_s)
 
 

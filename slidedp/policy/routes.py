@@ -36,7 +36,7 @@ Probe = Callable[[Plan], float | None]
 # simulated steps this close to the best are a tie, broken towards larger chunks: each chunk is
 # a cast, a copy and an update dispatched from Python, a host cost per task the model leaves out,
 # and the executor measured larger chunks faster wherever the simulator saw no difference
-# (2026-11-30 / 12-01, benchmarks/RESULTS.md: Qwen3-4B mb 4 `sac` 256 MiB 6% faster than 64 MiB;
+# (benchmarks/RESULTS.md: Qwen3-4B mb 4 `sac` 256 MiB 6% faster than 64 MiB;
 # Qwen3-8B mb 4 window 3 `layer` 2.789 s at 256 MiB, 2.906 at 64; Qwen3-4B seq 16384 `layer`
 # 2.196 s at 256 MiB, 2.302 at 16 MiB, where the simulator put them 0.2% apart)
 TIE_REL = 0.005

@@ -4,14 +4,14 @@ Between two tasks of one CPU agent (the cast agent, an update worker) the execut
 outside the kernels: waiting on the events of the next task's inputs, its Python (slicing the
 host state, bookkeeping, timing), the kernel's start. Where every input of the next task had
 completed before the previous task ended, that whole interval is dispatch cost: the stored traces
-of 2026-12-01 show 0.11-0.15 ms between chunk updates (a mean; Qwen3-4B and 8B on the H200
-hosts), which the model did not count and which adds up over the ~280 chunk updates of a
-host-bound Qwen3-4B step. The model adds the measured cost to every CAST and ADAM (graph/costs.py
+show 0.11-0.15 ms between chunk updates (a mean; Qwen3-4B and 8B on the H200 hosts), which the
+model did not count and which adds up over the ~280 chunk updates of a host-bound Qwen3-4B
+step. The model adds the measured cost to every CAST and ADAM (graph/costs.py
 task_durations, from HostSpec.task_gap_s).
 
 measure() runs slidedp.exec.Engine (random weights) on the model at hand cut to LAYERS decoder
 layers, one sequence per step, the default plan's chunks (64 MiB: the gap depends on the chunk
-size, a median of 0.12 ms at 64 MiB and 0.05 ms at 256 MiB in the 2026-12-01 traces, and one
+size, a median of 0.12 ms at 64 MiB and 0.05 ms at 256 MiB in the stored traces, and one
 figure stands for all sizes): after WARMUP_STEPS steps it pools the ready pairs of each further
 step's Timeline (ready_gaps) until every kind has MIN_PAIRS of them or MAX_STEPS steps have run
 (which kind's tasks were ready depends on the run's timing: on a contended CPU a short step may

@@ -86,7 +86,7 @@ class HostBench:
     def __init__(self, nbytes: int, warmup: int, repeats: int, sample_s: float = 0.0,
                  state_memory: Callable[[int, torch.dtype], torch.Tensor] = private_shared):
         """`state_memory(numel, dtype)`: where the master, m and v live (module docstring;
-        benchmarks/memory_kind_probe.py compares it with the process's own memory)."""
+        benchmarks/probes/memory_kind_probe.py compares it with the process's own memory)."""
         self.elems = nbytes // FP32
         self.state_memory = state_memory
         self.nbytes = self.elems * FP32

@@ -10,10 +10,10 @@ sustained layer run keeps GPU 0 busy for about `sustained_s` seconds per (model,
 micro-batch) point, half per activation policy, and at least `sustained_min_iters` iterations of
 each. A host rate's timed sample repeats its kernel for at least `host_sample_s` (the quick
 profile's buffers take ~40 ms an Adam pass: single passes read up to 31% apart between profiles
-of one machine kind, 2026-11-30), and the host rates are sampled in `host_rounds` rounds over the
+of one machine kind), and the host rates are sampled in `host_rounds` rounds over the
 thread counts, each on freshly allocated buffers (timing.Rounds: on nvidia-h200 a rate depended
 on where its buffers landed, up to 34% apart between allocations, in two groups; two 9-round
-profiles on one allocation each read AdamW at 12 threads 3.70 and 4.34 Gparam/s, 2026-12-01);
+profiles on one allocation each read AdamW at 12 threads 3.70 and 4.34 Gparam/s);
 `slidedp profile --host-rounds N` takes more.
 """
 

@@ -74,12 +74,12 @@ class Rounds:
 
     A rate is the harmonic mean of its rounds, the fastest and the slowest left out from 5
     rounds on: the rate of the mean time per unit of work, which is what a fixed amount of work
-    (an update of N parameters) takes on average. On nvidia-h200 (2026-12-01 18:07) a host
-    rate depended on where its buffers landed: AdamW at 12 threads read 3.25-4.35 Gparam/s on
-    ten fresh allocations of the same buffers, in two groups, within 9% on any one of them
-    (benchmarks/host_placement_probe.py); so each round samples fresh buffers, and a median of
-    such rounds would pick one group or the other by chance. Leaving out the two extremes keeps
-    one burst of load from elsewhere from moving the rate."""
+    (an update of N parameters) takes on average. On nvidia-h200 a host rate depended on where
+    its buffers landed: AdamW at 12 threads read 3.25-4.35 Gparam/s on ten fresh allocations of
+    the same buffers, in two groups, within 9% on any one of them
+    (benchmarks/probes/host_placement_probe.py); so each round samples fresh buffers, and a
+    median of such rounds would pick one group or the other by chance. Leaving out the two
+    extremes keeps one burst of load from elsewhere from moving the rate."""
 
     TRIM_FROM = 5  # rounds from which the fastest and the slowest are left out
 

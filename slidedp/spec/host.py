@@ -32,11 +32,10 @@ class HostSpec:
     cast_chunk: tuple[tuple[float, RateCurve], ...] = ()
     # (cast threads, update threads, DRAM bytes/s) of the two teams at once; None: not measured
     dram_teams: tuple[float, float, float] | None = None
-    # the cast team's bytes/s in that run; None: not measured (profiles before 2026-12-01 01:50)
+    # the cast team's bytes/s in that run; None: not measured (older profiles)
     dram_teams_cast_bps: float | None = None
     # the same teams by chunk size, each call one task at a PCIe chunk size: (chunk BF16 bytes,
-    # DRAM bytes/s, the cast team's bytes/s), by chunk; (): not measured (profiles before
-    # 2026-12-02 02:55)
+    # DRAM bytes/s, the cast team's bytes/s), by chunk; (): not measured (older profiles)
     dram_teams_chunk: tuple[tuple[float, float, float], ...] = ()
     # the same with every GPU's copies: (cast threads, update threads, GPUs, bytes/s); None: not
     # measured
@@ -44,24 +43,23 @@ class HostSpec:
     # the teams' traffic lost per copied byte, measured beside dram_dma against the teams alone
     # on the same buffers: with dram_dma_teams_bps (or the totals) it gives dma_slowdown_bps,
     # else each DMA byte draws this share of a byte of the CPU kernels' cap (graph/costs.py); 0
-    # where not measured (profiles before 2026-12-01 21:00, presets: the DMA draws only on
-    # memory_bps). On nvidia-h200-x4 the teams kept their traffic beside four
-    # GPUs' copies (memory_bps); on one nvidia-h200 (2026-12-01 20:27,
-    # benchmarks/adam_after_d2h_probe.py) a D2H stream beside the update took its 64 MiB chunks
-    # from 7.6 to 10.9 ms, a 5 ms pause after each copy to 8.5 ms
+    # where not measured (older profiles, presets: the DMA draws only on memory_bps). On
+    # nvidia-h200-x4 the teams kept their traffic beside four GPUs' copies (memory_bps); on
+    # nvidia-h200 (benchmarks/probes/adam_after_d2h_probe.py) a D2H stream beside the update took
+    # its 64 MiB chunks from 7.6 to 10.9 ms, a 5 ms pause after each copy to 8.5 ms
     dram_dma_weight: float = 0.0
-    # the teams' own bytes/s beside the copies in the dram_dma run; None: not measured (profiles
-    # before 2026-12-01 23:00: dma_slowdown_bps derives it from the totals)
+    # the teams' own bytes/s beside the copies in the dram_dma run; None: not measured (older
+    # profiles: dma_slowdown_bps derives it from the totals)
     dram_dma_teams_bps: float | None = None
     # Adam on a BF16 gradient widened in cache (plan.grad_widen = host), against threads; None:
-    # not measured (profiles before 2026-12-01, presets): the FP32 gradient's curve stands in
+    # not measured (older profiles, presets): the FP32 gradient's curve stands in
     adam_bf16_grad_params_per_s: RateCurve | None = None
     # the executor's dispatch seconds per task on its CPU agents, by kind ("cast", "adam"): added
-    # to those tasks' durations (graph/costs.py); empty: not measured (profiles before
-    # 2026-12-01 08:00, presets), no dispatch cost
+    # to those tasks' durations (graph/costs.py); empty: not measured (older profiles, presets),
+    # no dispatch cost
     task_gap_s: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     # the host's spread, {kernel: (slow, fast)} factors over the kernel's rate, for "adam" and
-    # "cast" (module docstring); empty: not measured (profiles before 2026-12-01 20:40, presets)
+    # "cast" (module docstring); empty: not measured (older profiles, presets)
     rate_range: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     def with_rates(self, adam: float = 1.0, cast: float = 1.0) -> HostSpec:
@@ -110,11 +108,11 @@ class HostSpec:
         """(DRAM bytes/s, the cast team's bytes/s or None) of the teams at once: with
         `chunk_bytes` and a dram_teams_chunk table, the run by chunk size at that chunk (linear
         in log chunk size between the measured chunks, clamped at the smallest and the largest);
-        else the whole-buffer run (dram_teams, dram_teams_cast_bps). On nvidia-h200
-        (2026-12-02 02:59) the teams moved 95 / 101 / 106 GB/s by 16 / 64 / 256 MiB chunks
-        against 110 GB/s on whole buffers, and the executor ran its 4B host-bound cases 8%
-        faster at 256 MiB chunks than at 64; the simulated 12-configuration matrix went from
-        3.7% mean, 8.8% max error on the whole-buffer figures to 2.3% / 6.4% on these."""
+        else the whole-buffer run (dram_teams, dram_teams_cast_bps). On nvidia-h200 the teams
+        moved 95 / 101 / 106 GB/s by 16 / 64 / 256 MiB chunks against 110 GB/s on whole
+        buffers, and the executor ran its 4B host-bound cases 8% faster at 256 MiB chunks than
+        at 64; the simulated 12-configuration matrix went from 3.7% mean, 8.8% max error on the
+        whole-buffer figures to 2.3% / 6.4% on these (benchmarks/RESULTS.md)."""
         if chunk_bytes is None or not self.dram_teams_chunk:
             return self.dram_teams[2], self.dram_teams_cast_bps
         rows = {c: (total, cast) for c, total, cast in self.dram_teams_chunk}
@@ -129,7 +127,8 @@ class HostSpec:
         team's bytes there / its bytes alone), each alone at its own team size. 1 (equal
         fractions of their own rates) where the profile did not record the split. On
         nvidia-h200-x2 (24 + 24 threads on 32 cores) a 64 MiB cast took 2.15 ms alone and 7.5 ms
-        beside the update (benchmarks/chunk_cost_probe.py): the cast is the weaker of the two.
+        beside the update (benchmarks/probes/chunk_cost_probe.py): the cast is the weaker of the
+        two.
         Approximations: without the run by chunk size, the cast's rate alone is the
         large-buffer one (a CAST task runs at its chunk size's, a few percent apart); with it,
         the cast's alone is the chunk's (the cast by chunk size, into a pinned ring) and the
@@ -169,7 +168,7 @@ class HostSpec:
         then from other allocations (a few % there move S by tens of %). None where there is
         no weight, or where that derivation gives no positive D' and T' (w = 1, copies that
         added no traffic): the copies then draw w of their bytes on the kernels' cap. On
-        nvidia-h200 2026-12-01: S 125-254 GB/s; a lone update's 64 MiB chunks beside a ~45 GB/s
+        nvidia-h200 profiles: S 125-254 GB/s; a lone update's 64 MiB chunks beside a ~45 GB/s
         D2H stream measured +44% (7.6 -> 10.9 ms), where S / (S + D) at S = 140 GB/s says +32%."""
         w = self.dram_dma_weight
         if w <= 0 or self.dram_dma is None:

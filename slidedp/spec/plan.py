@@ -30,12 +30,13 @@ row is updated during the backward with the gradient known before EMBED_BWD (the
 share, or zero when untied) while the rows the batch looked up keep their state, and only those
 rows are updated after EMBED_BWD and re-sent (graph/build.py, "embedding rows"). Ignored with
 defer_update. The executor runs it (exec/embedding_rows.py), the simulator and the analytic model
-predict it (`--embedding-rows`; docs/embedding-rows.md); off by default until measured on a GPU.
+predict it (`--embedding-rows`); off by default: it pays for tied embeddings only
+(docs/embedding-rows.md).
 `grad_widen` says where a BF16 gradient chunk becomes FP32 for the CPU update: "gpu" (default)
 widens it on the GPU and downloads FP32 (4 B/param), "host" downloads it as BF16 (2 B/param over
 PCIe and into host memory) and the update widens it block by block in cache (exec/adamw.py). The
 values are the same either way (widening is exact). Host widening halves the download but costs
-the update CPU time: on nvidia-h200 (Qwen3-4B mb 4 and 5, 2026-11-30 23:48) the update took
+the update CPU time: on nvidia-h200 (Qwen3-4B mb 4 and 5, benchmarks/RESULTS.md) the update took
 1.75-1.82 s a step against 1.34-1.36 s and the step 3-25% longer, so the GPU widens by default;
 host widening is for hosts where the downloads, not the update's cores, are the bottleneck. The
 cpu route with more than one GPU always downloads FP32: its host sum adds the ranks' chunks in
@@ -146,7 +147,7 @@ class Plan:
         teams add up to more than the cores, but the cast runs mostly in the forward and the
         update in the backward; where they overlap they share the cores. Measured on
         nvidia-h200-x2 (Qwen3-8B mb 4, window 36, one call): 24 + 24 threads 2.67 s, 16 + 16
-        2.92 s, 8 + 24 (the split before) 3.11 s."""
+        2.92 s, 8 + 24 (a quarter of the cores for the cast) 3.11 s."""
         cast = self.cast_threads or team_cores(cores)
         update = self.update_threads or team_cores(cores)
         return cast, update

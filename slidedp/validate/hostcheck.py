@@ -3,17 +3,17 @@ run of a case group, so that a host-bound case's error can be told apart from th
 own spread.
 
 On nvidia-h200 a host rate depends on where its buffers land (AdamW at 12 threads 3.25-4.35
-Gparam/s over ten fresh allocations, benchmarks/host_placement_probe.py), and one lease's
+Gparam/s over ten fresh allocations, benchmarks/probes/host_placement_probe.py), and one lease's
 executor ran its update 8-39% slower than simulated on a profile that read AdamW like another
-lease's, where the same cases were predicted within 6% (2026-12-01). A check on fresh buffers
+lease's, where the same cases were predicted within 6%. A check on fresh buffers
 (profile.host.HostBench, the quick profile's buffer size and samples: AdamW and the cast at the
 executor's default team size, CHECK_SAMPLES samples each, then one teams-at-once run, ~2 s)
 says whether the machine itself read slower at that moment. Fresh buffers cannot show where the
 executor's own host state landed, so after a one-GPU run the state check (state_adam_rate) times
 one AdamW pass over that state (the executor's update in isolation, on the memory it ran on),
 its gradient chunks taken in turn from a ring several times the LLC: one reused gradient chunk
-stays in the LLC and read 10-28% faster than a cold one (benchmarks/adam_after_d2h_probe.py
-`reused` against `cold`, 2026-12-01 20:03), where the executor's gradients, just written by the
+stays in the LLC and read 10-28% faster than a cold one (benchmarks/probes/adam_after_d2h_probe.py
+`reused` against `cold`), where the executor's gradients, just written by the
 D2H, read like cold ones (`after_d2h`).
 Both are reported beside the case (measured.json `host_check`, each run's in `run_host_checks`;
 predicted.json `host_check_vs_profile`, the rates over the hardware file's), never fed into the

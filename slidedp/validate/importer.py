@@ -3,7 +3,7 @@
 A provenance file (TOML; paths relative to it) says where each results file came from:
 
     [[source]]
-    results = "../benchmarks/results/2026-11-30-h200x2-qwen3-8b-r1.jsonl"
+    results = "../benchmarks/results/RUN-h200x2-qwen3-8b-r1.jsonl"
     format = "multi_gpu"          # benchmarks/multi_gpu.py JSONL | "single_gpu" (single_gpu.py JSON)
     prefix = "h200x2-qwen3-8b"    # case folder = <prefix>-r<R>-gb<G>-mb<M>-<param>-<grad>-<update>
                                   #   [-bf16copy][-w<window>][-c<chunk MiB>][-t<cast>-<update threads>][-rows]
@@ -12,19 +12,19 @@ A provenance file (TOML; paths relative to it) says where each results file came
     machine = "nvidia-h200-x2"    # the lent machine kind
     discard = 3                   # steps discarded before the mean (the benchmark's --discard)
     command = "..."               # the command that measured it (benchmarks/RESULTS.md)
-    hardware = "../benchmarks/results/2026-11-30-h200x2-profile.toml"   # or a preset name
+    hardware = "../benchmarks/results/RUN-h200x2-profile.toml"   # or a preset name
     hardware_notes = ["..."]      # what to know about that hardware file (optional)
     notes = ["..."]               # what to know about the measurement (optional)
     ran_threads = {default = [8, 24], "4:4:sharded:gpu:rank0:cast_threads=16" = [24, 24]}
                                   # the CPU teams the executor ran, [cast, update] threads: per
                                   # case string, `default` for plans without thread fields (the
-                                  # default split of that day, or a threading bug's sizes). Give
+                                  # default split when it ran, or a threading bug's sizes). Give
                                   # it for every source: a plan without thread fields would else
                                   # be predicted with today's default, which moves with the code
     skip = ["6:6:sharded:gpu:rank0:embedding_rows=true"]
                                   # case strings not imported (optional): say why in notes, e.g.
                                   # an executor schedule the current graph no longer describes
-    traces = "../benchmarks/results/2026-12-01-h200-qwen3-4b.traces"
+    traces = "../benchmarks/results/RUN-h200-qwen3-4b.traces"
                                   # the folder of `multi_gpu.py --traces` (optional): a case's
                                   # measured trace (trace_file_name of its case string, .json.gz,
                                   # or the same name as plain .json), stored gzip-compressed

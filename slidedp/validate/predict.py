@@ -86,7 +86,7 @@ def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) ->
         out["task_kind_s"] = {k: [m_kinds.get(k, 0.0), s_kinds.get(k, 0.0)]
                               for k in dict.fromkeys([*m_kinds, *s_kinds])}
         issue = measured.issue_overlap_s()
-        if issue:  # traces since 2026-12-02: how much of each GPU kind waited on its issuing
+        if issue:  # traces with issue intervals: how much of each GPU kind waited on its issuing
             out["measured_issue_s"] = {k: list(v) for k, v in issue.items()}
     checks = host_checks(store.read_json(folder / store.MEASURED))
     ratios = [None if c is None or "error" in c else against_profile(c, hw) for c in checks]
@@ -110,8 +110,7 @@ def write_predictions(folder: Path, hardware: str, hardware_notes: list[str]) ->
 
 def host_checks(meas: dict) -> list[dict | None]:
     """A measured case's host checks, one per run in run order (validate/hostcheck.py; None
-    where a run had none); [] before they were taken (cases measured before 2026-12-01 18:50,
-    imported benchmark rows)."""
+    where a run had none); [] where none was taken (older cases, imported benchmark rows)."""
     runs = meas.get("run_host_checks")
     checks = runs if runs is not None else [meas.get("host_check")]
     return checks if any(checks) else []

@@ -161,11 +161,11 @@ def markdown(root: Path, rows: list[dict]) -> str:
             "how far apart they measured (max / min - 1) where there were two or more. Host check: "
             "AdamW, the cast and the teams at once sampled on fresh buffers before each run, and "
             "one AdamW pass over a one-GPU run's own host state after it (state adam), over the "
-            "hardware file's rates (validate/hostcheck.py; cases measured since 2026-12-01 "
-            "19:00): below 1, the machine or the state read slower than profiled. Simulated at "
-            "the state's AdamW: the simulation with the profile's AdamW scaled by the state "
-            "check's ratio (cases measured since 2026-12-01 20:10, whose state check reads its "
-            "gradients cold), an explanation, not a prediction.", "",
+            "hardware file's rates (validate/hostcheck.py; cases whose runs took one): below 1, "
+            "the machine or the state read slower than profiled. Simulated at the state's AdamW: "
+            "the simulation with the profile's AdamW scaled by the state check's ratio (cases "
+            "whose state check read its gradients cold, from a ring), an explanation, not a "
+            "prediction.", "",
             "| case | R | gb:mb | routes (param/grad/update) | measured s (runs apart) | "
             "analytic s | simulated s | bound (sim): by (busiest host resource) | busy s "
             "measured / simulated: upload, compute, download, update | host check / profile: "

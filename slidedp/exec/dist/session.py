@@ -318,10 +318,9 @@ class DistSession:
 
 def leave_rank(code: int) -> NoReturn:
     """The end of a rank process whose work is done and whose session is closed: it leaves
-    without the interpreter's finalization, as the session's failure exits do. There a rank
-    aborted ("terminate called without an active exception") in about one of 25 tiny CPU
-    validations on 2026-12-02, after every file was written, and its launcher reported a
-    failure."""
+    without the interpreter's finalization, as the session's failure exits do. Finalization can
+    abort a rank ("terminate called without an active exception") after every file was written
+    (about one tiny CPU validation in 25), and its launcher would report a failure."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -1,7 +1,7 @@
 """Why does the executor's CAST of a chunk take ~1 ms longer than the profile's back-to-back cast?
 (issue 6: the 4B host-bound cases under-predicted by 13-19% on nvidia-h200-x2.)
 
-    python3 benchmarks/chunk_cost_probe.py OUT.json [--chunk-mib 64 256] [--cast-threads 24]
+    python3 benchmarks/probes/chunk_cost_probe.py OUT.json [--chunk-mib 64 256] [--cast-threads 24]
         [--update-threads 24] [--chunks 48] [--device cuda|cpu]
 
 The cast of one chunk, `staging[i % 4][:n].copy_(master[k n:(k + 1) n])` (FP32 -> BF16 into a

@@ -8,7 +8,7 @@ kernel: the median, the spread (max / min - 1), the coefficient of variation, th
 autocorrelation (near 0: independent noise, which more rounds average away; near 1: a slow drift,
 which they do not) and the medians of the first and the second half of the series.
 
-    python3 benchmarks/host_drift_probe.py OUT.json [--seconds 60]
+    python3 benchmarks/probes/host_drift_probe.py OUT.json [--seconds 60]
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ with every layer in the window, the executor's update channel was busy 1.83 s a 
 chunks and 2.06 s with 256 MiB, against 2.39 s simulated: 125 GB/s at 28 B a parameter with 64
 MiB chunks, above the profile's largest DRAM rate, 111 GB/s; on nvidia-h200-x4, 2026-11-30 21:42,
 the cpu reduction of 4 ranks' chunks ran at ~217 GB/s of the traffic the model counts, above
-that host's 177.5: benchmarks/RESULTS.md, "2026-12-01 06:04 onwards".)
+that host's 177.5: benchmarks/results/2026-12-01-0604-cpu-probe-state-dispatch-cost.md.)
 
-    python3 benchmarks/adam_after_d2h_probe.py OUT.json [--chunk-mib 16 64 256]
+    python3 benchmarks/probes/adam_after_d2h_probe.py OUT.json [--chunk-mib 16 64 256]
         [--update-threads 12] [--chunks 24] [--sum-ranks 2 4] [--device cuda|cpu]
         [--state-gib 1] [--cold-ring-gib 2]   (smaller only for a smoke run: they must exceed the LLC)
         [--state-memory process|shm] [--adam-only] [--repeats 2]

@@ -14,7 +14,7 @@ run; then the buffers are freed. The summary sets the spread between allocations
 median) beside the spread within one (of its samples), per buffer size: does a large
 allocation, as the executor's host state (16 B a parameter), run slower than the profile's?
 
-    python3 benchmarks/host_placement_probe.py OUT.json [--sets 10] [--samples 5] [--mib 600 9600]
+    python3 benchmarks/probes/host_placement_probe.py OUT.json [--sets 10] [--samples 5] [--mib 600 9600]
 """
 
 from __future__ import annotations

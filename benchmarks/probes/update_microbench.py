@@ -2,7 +2,7 @@
 processing it in cache-sized sub-blocks (convert -> norm -> fused AdamW -> BF16 copy per block)
 beats whole-chunk passes. Reports Gparam/s and the DRAM floor at 28 B/param.
 
-usage: python3 benchmarks/update_microbench.py [CHUNK_MELEMS] [THREADS]
+usage: python3 benchmarks/probes/update_microbench.py [CHUNK_MELEMS] [THREADS]
 """
 
 import sys

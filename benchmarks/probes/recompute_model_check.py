@@ -2,7 +2,7 @@
 (benchmarks/policy_layers.py output), with and without policy sac's measured recompute in the
 hardware spec (gpu.layer_time sac_recompute_fraction, graph/costs.flops_per_hbm_byte). CPU only.
 
-usage: python3 benchmarks/recompute_model_check.py HARDWARE POLICY_LAYERS.json [...]
+usage: python3 benchmarks/probes/recompute_model_check.py HARDWARE POLICY_LAYERS.json [...]
 Each file's model, micro-batch and sequence make the workload; its `layer` forward is the
 forward time both variants get (so the comparison is of the recompute split alone), its `sac`
 recompute over sac's own forward (one run, as `slidedp profile` measures it) the fraction the

@@ -1,7 +1,7 @@
 """The CPU Adam on a BF16 gradient (plan.grad_widen = host) against an FP32 one, by widening
 block size and thread count: is the BF16 path's extra time the widening or the per-block calls?
 
-    python3 benchmarks/widen_block_probe.py OUT.json [--elems N] [--threads 12 24]
+    python3 benchmarks/probes/widen_block_probe.py OUT.json [--elems N] [--threads 12 24]
 Writes, per thread count, params/s of adamw_chunk on an FP32 gradient and on a BF16 one with
 each block size (exec/adamw.WIDEN_BLOCK patched), median of 5 after a warm-up.
 """

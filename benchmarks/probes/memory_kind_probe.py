@@ -6,7 +6,7 @@ traffic on both; the profile then timed its kernels on anonymous memory, which t
 with transparent huge pages, and the executor on /dev/shm, which it backs with 4 KiB pages unless
 `shmem_enabled` says otherwise: in a VM every TLB miss walks two page tables.)
 
-    python3 benchmarks/memory_kind_probe.py OUT.json [--mib 600] [--threads 12 16] [--rounds 2]
+    python3 benchmarks/probes/memory_kind_probe.py OUT.json [--mib 600] [--threads 12 16] [--rounds 2]
 
 Runs slidedp.profile.host.HostBench (the profile's own kernels and timing) once per memory kind
 and round, the kinds alternating (shm, anon, shm, anon, ...), each at every --threads: AdamW
@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from slidedp.exec.host_state import private_shared  # noqa: E402
 from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM, HostBench  # noqa: E402
 from slidedp.profile.machine import huge_pages  # noqa: E402

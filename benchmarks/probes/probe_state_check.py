@@ -12,7 +12,7 @@ times, the means and the ratios shared / whole. At a window below the layer coun
 re-upload casts may run beside updates of layers that share their memory (policy/probe.py); at
 the full window they cannot: run both.
 
-usage: PYTHONPATH=$PWD python3 benchmarks/probe_state_check.py OUT.json --model qwen3-0.6b
+usage: PYTHONPATH=$PWD python3 benchmarks/probes/probe_state_check.py OUT.json --model qwen3-0.6b
            [--seq 4096] [--micro-batch 1] [--device cuda] [--iters 6] [--discard 2] [--runs 2]
            [--window-slots 3] [--chunk-mib 64] [--distinct-layers 4]
 """
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
            "runs_s": runs, "mean_s": mean, "shared_over_whole": mean["shared"] / mean["whole"],
            "date": mach.date, "host": mach.hostname, "cpu_model": mach.cpu_model,
            "cores": mach.cores, "gpus": mach.gpus(), "torch": torch.__version__,
-           "command": " ".join(["python3", "benchmarks/probe_state_check.py", *sys.argv[1:]])}
+           "command": " ".join(["python3", "benchmarks/probes/probe_state_check.py", *sys.argv[1:]])}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     hp = out["host_passes_shared_over_whole"]
     print(f"shared / whole: step {out['shared_over_whole']:.4f}, adam pass {hp['adam']:.4f}, "

@@ -2,7 +2,7 @@
 each generation (count, total and longest ms) over N steps of a 36-layer model with a small hidden
 size (7391 tasks per step, so that the per-task objects dominate, as on a real 36-layer model).
 
-usage: PYTHONPATH=$PWD python3 benchmarks/gc_probe.py [STEPS]
+usage: PYTHONPATH=$PWD python3 benchmarks/probes/gc_probe.py [STEPS]
 The engine freezes its long-lived objects after the first step (engine docstring, "Python's
 cyclic garbage collector"); the full collections after it should then be short.
 """
@@ -29,7 +29,7 @@ MIB = 2**20
 
 def main() -> int:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
-    base = json.loads((Path(__file__).parents[1] / "slidedp/presets/models/tiny-qwen3.json").read_text())
+    base = json.loads((Path(__file__).parents[2] / "slidedp/presets/models/tiny-qwen3.json").read_text())
     cfg = base | {"num_hidden_layers": 36, "hidden_size": 128, "intermediate_size": 256,
                   "vocab_size": 151936}
     wl = Workload(parse_hf_config(cfg, "gc-probe"), seq_len=64, global_batch=2, micro_batch=2, gpus=1)
