@@ -80,6 +80,7 @@ START_S = {"ours": 45.0, "ours-clip": 45.0, "resident": 30.0, "reference": 25.0,
 RATE_FLOPS = {"ours": 280e12, "ours-clip": 250e12, "resident": 330e12, "reference": 400e12,
               "zero2": 150e12}
 ZERO2_HOST_BYTES_PER_PARAM = 16  # FP32 master, Adam m and v, FP32 gradient
+ZERO2_BUILD_S = 120.0  # estimate_s's guess for the first zero2 row's CPU Adam build
 ROW_MARK = "PEERS_ROW "
 TAIL_LINES = 12
 KERNELS_LINE = re.compile(r"; kernels (\w+) \(([^)]*)\)")
@@ -276,6 +277,10 @@ def last_error(lines: list[str]) -> str:
     return lines[-1].strip()[:300] if lines else "no output"
 
 
+def deepspeed_importable() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
 def host_mem_available_bytes() -> int | None:
     with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -322,38 +327,45 @@ class Call:
         return self.rows
 
     def skip_reason(self, system: str, est: float) -> str | None:
+        """Why a row does not run (zero2 builds its CPU Adam here the first time), or None."""
         if system == "zero2":
-            why = self.zero2_ready()
+            why = self.zero2_missing()
             if why:
                 return why
+            if self.zero2_build_s is None:
+                est += ZERO2_BUILD_S
         left = self.budget.left_s()
         if est > left:
             return f"estimated {est:.0f} s, {max(left, 0):.0f} s of the budget left"
-        return None
+        return self.zero2_build() if system == "zero2" else None
 
-    def zero2_ready(self) -> str | None:
-        """None once DeepSpeed's CPU Adam is built (building it the first time), else why not."""
-        if self.zero2_why_not is not None or self.zero2_build_s is not None:
-            return self.zero2_why_not
-        from slidedp.spec.model import load_model
-
-        if importlib.util.find_spec("deepspeed") is None:
+    def zero2_missing(self) -> str | None:
+        """Why zero2 cannot run here at all (no deepspeed, too little host memory), or None."""
+        if self.zero2_why_not is None and not deepspeed_importable():
             self.zero2_why_not = "deepspeed does not import here"
-            return self.zero2_why_not
-        need = ZERO2_HOST_BYTES_PER_PARAM * load_model(self.a.model).total_params()
-        avail = host_mem_available_bytes()
-        if avail is not None and avail < need and not self.a.force_zero2:
-            self.zero2_why_not = (f"needs {need / GIB:.0f} GiB of host memory "
-                                  f"({ZERO2_HOST_BYTES_PER_PARAM} B/param), {avail / GIB:.0f} GiB "
-                                  "available (--force-zero2 runs it anyway)")
-            return self.zero2_why_not
-        log = self.work / "zero2-build.log"
-        rc, wall, how = run_process([sys.executable, __file__, "one", "zero2-build"], log,
-                                    max(self.budget.left_s(), 1.0))
-        if rc != 0:
-            self.zero2_why_not = f"its CPU Adam did not build ({how}): {last_error(tail(log))}"
-        else:
-            self.zero2_build_s = wall
+        if self.zero2_why_not is None and not self.a.force_zero2:
+            from slidedp.spec.model import load_model
+
+            need = ZERO2_HOST_BYTES_PER_PARAM * load_model(self.a.model).total_params()
+            avail = host_mem_available_bytes()
+            if avail is not None and avail < need:
+                self.zero2_why_not = (
+                    f"needs {need / GIB:.0f} GiB of host memory ({ZERO2_HOST_BYTES_PER_PARAM} "
+                    f"B/param), {avail / GIB:.0f} GiB available (--force-zero2 runs it anyway)")
+        return self.zero2_why_not
+
+    def zero2_build(self) -> str | None:
+        """Build DeepSpeed's CPU Adam once, in a process of its own (timed: zero2_build_s);
+        None once built, else why it did not."""
+        if self.zero2_build_s is None and self.zero2_why_not is None:
+            log = self.work / "zero2-build.log"
+            rc, wall, how = run_process([sys.executable, __file__, "one", "zero2-build"], log,
+                                        max(self.budget.left_s(), 1.0))
+            if rc == 0:
+                self.zero2_build_s = wall
+            else:
+                self.zero2_why_not = (f"its CPU Adam did not build ({how}): "
+                                      f"{last_error(tail(log))}")
         return self.zero2_why_not
 
     def one_row(self, row: dict, flops: float) -> None:

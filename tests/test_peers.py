@@ -97,7 +97,7 @@ def test_bad_input_is_one_line_and_exit_2(args, what, tmp_path, capsys):
 
 
 def test_rows_that_do_not_fit_the_budget_are_skipped_and_say_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)  # no deepspeed
+    monkeypatch.setattr(peers, "deepspeed_importable", lambda: False)
     out = tmp_path / "out"
     assert peers.main(["run", "--model", "tiny-qwen3", "--micro-batch", "1", "2", "--seq", "64",
                        "--budget-s", "0.001", "--out", str(out), "--work",
@@ -155,3 +155,29 @@ def test_one_hf_peer_row_on_the_gpu(system, kernels, capsys):
             if x.startswith(peers.ROW_MARK)]
     assert rows and rows[-1]["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
     assert len(rows[-1]["all_steps_s"]) == 3 and rows[-1]["gpu_peak_bytes"] > 0
+
+
+def _zero2_rows(tmp_path, monkeypatch, avail_bytes):
+    monkeypatch.setattr(peers, "deepspeed_importable", lambda: True)
+    monkeypatch.setattr(peers, "host_mem_available_bytes", lambda: avail_bytes)
+    out = tmp_path / "out"
+    assert peers.main(["run", "--model", "tiny-qwen3", "--micro-batch", "1", "--seq", "64",
+                       "--systems", "zero2", "--budget-s", "600", "--out", str(out), "--work",
+                       str(tmp_path / "w")]) == 0
+    return json.loads((out / "peers.json").read_text())
+
+
+def test_zero2_without_host_memory_is_skipped_before_any_build(tmp_path, monkeypatch):
+    data = _zero2_rows(tmp_path, monkeypatch, 0)
+    assert [r["status"] for r in data["rows"]] == ["skipped", "skipped"]
+    assert all(r["note"].startswith("needs 0 GiB of host memory (16 B/param), 0 GiB available")
+               for r in data["rows"])
+    assert not (tmp_path / "w" / "zero2-build.log").exists()
+
+
+def test_a_failed_cpu_adam_build_skips_every_zero2_row_and_is_tried_once(tmp_path, monkeypatch):
+    data = _zero2_rows(tmp_path, monkeypatch, 2**40)  # deepspeed is not really here: it fails
+    notes = {r["note"] for r in data["rows"]}
+    assert len(data["rows"]) == 2 and len(notes) == 1
+    assert notes.pop().startswith("its CPU Adam did not build (exit)")
+    assert data["metas"][0]["zero2_build_s"] is None
