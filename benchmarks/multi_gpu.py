@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from compute_reference import reference_step_s  # noqa: E402
 from single_gpu import GIB, step_flops  # noqa: E402
 
+from slidedp.exec.kernels import resolve as resolve_kernels  # noqa: E402
 from slidedp.exec.measure import measure, random_host_state  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import plan_dict  # noqa: E402
@@ -99,7 +100,8 @@ def run_cases(a: argparse.Namespace, sess, stack: contextlib.ExitStack) -> int:
     for case in [c for c in a.cases if c.startswith("ref:")]:
         mb = int(case.split(":")[1])
         if rank == 0:
-            ref = reference_step_s(cfg, mb, a.seq, iters=a.iters, discard=a.discard)
+            ref = reference_step_s(cfg, mb, a.seq, iters=a.iters, discard=a.discard,
+                                   kernels=resolve_kernels("auto", torch.device("cuda"))[0])
             emit({"case": case, "reference_step_s": ref["step_s"],
                   "gpu_peak_gib": ref["gpu_peak_bytes"] / GIB})
 

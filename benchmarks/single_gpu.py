@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from compute_reference import reference_step_s  # noqa: E402
 
+from slidedp.exec.kernels import resolve as resolve_kernels  # noqa: E402
 from slidedp.exec.measure import measure, random_host_state  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import Plan  # noqa: E402
@@ -94,7 +95,8 @@ def main() -> int:
         name, mbs = case.split(":")
         for mb in [int(x) for x in mbs.split(",")]:
             ref = None if a.no_reference else reference_step_s(
-                dict(load_model(name).config), mb, a.seq, iters=a.iters, discard=a.discard)
+                dict(load_model(name).config), mb, a.seq, iters=a.iters, discard=a.discard,
+                kernels=resolve_kernels("auto", torch.device("cuda"))[0])  # as ours: Plan()'s
             for copy in copies:
                 r = run_ours(name, mb, a.seq, Plan(host_bf16_copy=copy), a.iters, a.discard)
                 if ref:

@@ -670,6 +670,22 @@ def _request() -> Request:
     return Request(TINY, (load_model("qwen3-8b"),), (4096,), (1, 2), TOPO_2, "nvswitch")
 
 
+def test_layer_rows_carry_the_kernels_the_layer_ran():
+    def assembled(results):
+        doc = Assembler(FAKE, _request(), results, load_hardware("h200x1")).document("fake")
+        return doc, parse_hardware(tomllib.loads(dumps(doc)), "fake.toml")
+
+    doc, hw = assembled(_fake_results())
+    assert [r["kernels"] for r in doc["gpu"]["layer_time"]] == ["eager", "eager"]
+    r = _fake_results()
+    r.layers[:] = [dataclasses.replace(t, kernels="liger") for t in r.layers]
+    doc, hw = assembled(r)
+    assert [lt.kernels for lt in hw.gpu.layer_times] == ["liger", "liger"]
+    assert "liger kernels" in hw.gpu.layer_times[0].source
+    spec = load_model("qwen3-8b")
+    assert hw.gpu.measured_layer_s(spec.hidden, spec.ffn, 4096, 1, "auto") == 0.012
+
+
 def test_gpu_measurements_assemble_into_a_valid_spec():
     doc = Assembler(FAKE, _request(), _fake_results(), load_hardware("h200x1")).document("fake")
     hw = parse_hardware(tomllib.loads(dumps(doc)), "fake.toml")
@@ -764,7 +780,8 @@ def test_host_buffers_exceed_the_llc_within_ram():
 def test_layer_builds_from_the_config_and_runs_fwd_bwd_on_cpu():
     """The layer the GPU timing builds (transformers' own class), run once in BF16 on the CPU."""
     spec = load_model("tiny-qwen3")
-    layer, rotary = build_layer(spec, torch.device("cpu"))
+    layer, rotary, kernels = build_layer(spec, torch.device("cpu"))
+    assert kernels == "eager"  # auto off CUDA
     assert sum(p.numel() for p in layer.parameters()) == spec.layer_params()
     x = torch.randn(2, 32, spec.hidden, dtype=torch.bfloat16, requires_grad=True)
     y = forward(layer, x, rope(rotary, 32, torch.device("cpu")))

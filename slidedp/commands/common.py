@@ -16,6 +16,7 @@ from slidedp.spec.model import load_model
 from slidedp.spec.plan import (
     GradRoute,
     GradWiden,
+    Kernels,
     ParamRoute,
     Plan,
     UpdateSharding,
@@ -64,6 +65,10 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
                    help="update the embedding in two parts, every row during the backward and "
                    "the looked-up rows after it, so that the step boundary carries only those "
                    "(docs/embedding-rows.md)")
+    g.add_argument("--kernels", choices=[e.value for e in Kernels],
+                   help="the layers' and the LM head's kernels: eager (transformers' own), liger "
+                   "(liger-kernel's fused ones, CUDA only) or auto (the default: liger on CUDA "
+                   "where liger-kernel imports, else eager; exec/kernels.py)")
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,8 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "defer_update": getattr(args, "defer_update", None),  # train's options lack it
             "step_join": False if getattr(args, "no_step_join", False) else None,
             "embedding_rows": True if getattr(args, "embedding_rows", False) else None,
-            "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen)}
+            "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen),
+            "kernels": getattr(args, "kernels", None) and Kernels(args.kernels)}
     try:
         plan = plan.with_overrides(**over)
     except SpecError as e:
@@ -125,4 +131,4 @@ def describe(r: Resolved) -> str:
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
             f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}"
             f"{' | embedding rows split' if p.splits_embedding else ''} | gradients widened "
-            f"on the {p.grad_widen}")
+            f"on the {p.grad_widen} | kernels {p.kernels}")

@@ -33,6 +33,7 @@ from slidedp.commands.common import add_plan_options, resolve
 from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
 from slidedp.spec.errors import SpecError
+from slidedp.spec.plan import Kernels
 from slidedp.spec.tomlio import read_toml
 
 if TYPE_CHECKING:
@@ -52,13 +53,15 @@ DEFAULTS = {
     "trace": None, "hardware": None, "plan": None, "gpu_memory_cap_gib": None,
     "param_route": None, "grad_route": None, "update_sharding": None, "chunk_mib": None,
     "window_slots": None, "offload_ratio": None, "update_workers": None, "host_bf16_copy": None,
+    "kernels": None,
 }
 INTS = {"seq", "global_batch", "micro_batch", "nproc", "timeout", "steps", "warmup_steps", "seed",
         "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers"}
 FLOATS = {"lr", "weight_decay", "eps", "grad_clip", "chunk_mib", "offload_ratio",
           "gpu_memory_cap_gib"}
 BOOLS = {"no_shuffle", "resume", "host_bf16_copy"}
-CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES}
+CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES,
+           "kernels": tuple(k.value for k in Kernels)}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0}
 
 
@@ -195,6 +198,7 @@ def build(opts: dict, source=None):
 
     from slidedp.exec.adamw import AdamWConfig
     from slidedp.exec.io import open_model_source
+    from slidedp.exec.kernels import resolve as resolve_kernels
     from slidedp.exec.trainer import BASE_HARDWARE, TrainConfig, local_hardware
 
     ranks, mb, gb = opts["nproc"], opts["micro_batch"], opts["global_batch"]
@@ -208,9 +212,10 @@ def build(opts: dict, source=None):
     ns = argparse.Namespace(**{k: opts[k] for k in (
         "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
         "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
-        "host_bf16_copy")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
+        "host_bf16_copy", "kernels")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
         gpus=ranks)
     r = resolve(ns)
+    resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
     hw = r.hardware if opts["hardware"] else local_hardware(opts["device"], ranks)
     opt = AdamWConfig(lr=opts["lr"], betas=tuple(opts["betas"]), eps=opts["eps"],
                       weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"])
@@ -284,7 +289,8 @@ def train(cfg: TrainConfig, source, session: DistSession | None = None) -> int:
             print(f"plan: params {cfg.plan.param_route}, window {cfg.plan.window_slots} slots, "
                   f"chunks {cfg.plan.h2d_chunk_mib:g}/{cfg.plan.d2h_chunk_mib:g} MiB, offload r="
                   f"{cfg.plan.offload_ratio:g}, {cfg.plan.update_workers} update worker(s)"
-                  f"{', embedding rows split' if cfg.plan.splits_embedding else ''}", flush=True)
+                  f"{', embedding rows split' if cfg.plan.splits_embedding else ''}; kernels "
+                  f"{tr.engine.runner.kernels} ({tr.engine.runner.kernels_why})", flush=True)
         first = tr.step
         losses: list[float] = []
         bar = tqdm(total=cfg.steps, initial=first, unit="step", dynamic_ncols=True,

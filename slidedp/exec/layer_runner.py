@@ -6,6 +6,8 @@ of a flat slot (layout.UnitLayout.views) handed in with torch.func.functional_ca
 module object computes every layer and nothing is allocated per layer or per step besides
 activations. The rotary embedding is rebuilt for real on the device (a few kB) and evaluated once
 per step; attention is SDPA with is_causal (packed full-length sequences: no padding mask).
+`kernels` (plan.kernels) picks the layers' and the head's kernels (exec/kernels.py: eager, or
+liger-kernel's on CUDA); `head_loss` is HEAD_LOSS's linear + cross-entropy for them.
 
 Supported: transformers' Qwen3, Qwen2, Llama and Mistral decoder models without sliding-window
 layers; anything else is a SpecError.
@@ -19,6 +21,7 @@ from collections.abc import Mapping
 import torch
 from torch.func import functional_call
 
+from slidedp.exec import kernels as fused_kernels
 from slidedp.exec.layout import UnitLayout, model_layout
 from slidedp.spec.errors import SpecError
 
@@ -61,12 +64,14 @@ def hf_config(config):
 class ModelRunner:
     """The model's code, driven with parameters from flat slots; all methods run on `device`."""
 
-    def __init__(self, config, device: torch.device, dtype: torch.dtype):
+    def __init__(self, config, device: torch.device, dtype: torch.dtype, kernels: str = "auto"):
         from transformers import AutoModelForCausalLM
 
         self.config = hf_config(config)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.config)
+        self.kernels, self.kernels_why = fused_kernels.apply(model, kernels, torch.device(device))
+        self.head_loss = fused_kernels.head_loss(self.kernels)  # HEAD_LOSS: loss.py's contract
         self.layouts: list[UnitLayout] = model_layout(model)
         self.n_layers = len(self.layouts) - 2
         self.tied = all(e.name != "lm_head.weight" for e in self.layouts[-1].entries)

@@ -148,6 +148,7 @@ class Assembler:
                                     "micro_batch": lt.micro_batch, "fwd_bwd_s": lt.fwd_bwd_s}
                                    | ({} if lt.sac_recompute_fraction is None
                                       else {"sac_recompute_fraction": lt.sac_recompute_fraction})
+                                   | {"kernels": lt.kernels}
                                    | {"source": f"from {b.origin}: not measured here ({why}); "
                                                 f"there: {lt.source}"} for lt in g.layer_times]}
         peak = b.gpu.peak_bf16_flops
@@ -207,7 +208,8 @@ class Assembler:
             key = (r.model, r.seq, r.micro_batch)
             s0 = short_none[key]
             ckpt = steady_ckpt.get(key) if r.iterations else short_ckpt.get(key)
-            what = f"measured: one {r.model} decoder layer, bf16 SDPA, GPU 0, CUDA events"
+            what = (f"measured: one {r.model} decoder layer, bf16 SDPA, {r.kernels} kernels, GPU 0,"
+                    " CUDA events")
             if r.iterations:
                 n_ckpt = ckpt.iterations if ckpt is not None else 0
                 what += (f"; sustained: after one untimed iteration, {n_ckpt} policy-layer then "
@@ -232,7 +234,7 @@ class Assembler:
                 if c0 is not None:
                     what += f", layer {c0.total_s * 1e3:.2f} ms"
             row = {"hidden": r.hidden, "ffn": r.ffn, "seq": r.seq,
-                   "micro_batch": r.micro_batch, "fwd_bwd_s": g4(r.total_s)}
+                   "micro_batch": r.micro_batch, "fwd_bwd_s": g4(r.total_s), "kernels": r.kernels}
             sac = res.sac_recompute_fraction.get(key)
             if sac is not None:
                 row["sac_recompute_fraction"] = g4(sac)

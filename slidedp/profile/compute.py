@@ -4,7 +4,9 @@ The layer is `model.model.layers[0]` of a one-layer copy of the model's Hugging 
 built with AutoModelForCausalLM on the meta device and materialized on GPU 0 in BF16 (weights
 N(0, 0.02), norms 1, biases 0), SDPA attention with the causal mask and no padding mask, rotary
 embeddings from the model's own rotary class: the code the executor runs (exec/layer_runner.py,
-whose config checks apply: dense qwen3, qwen2, llama, mistral). Input and output gradient are
+whose config checks apply: dense qwen3, qwen2, llama, mistral), with the kernels a plan's
+`kernels` would run there (exec/kernels.py; "auto" by default: liger-kernel's where it imports),
+recorded in each LayerTiming and in the hardware file's layer_time rows. Input and output gradient are
 random BF16 (micro_batch, seq, hidden); the input requires grad, as inside a model. Per policy,
 CUDA events around each phase on the one stream, median of `repeats` after `warmup`:
   none    forward with autograd | backward                 -> fwd_s, bwd_s
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from slidedp.exec import kernels as fused_kernels
 from slidedp.exec.layer_runner import hf_config
 from slidedp.profile.timing import cuda_median_s
 from slidedp.spec.model import ModelSpec, first_layers_config
@@ -50,6 +53,7 @@ class LayerTiming:
     iterations: int = 0  # sustained: iterations of this policy back to back (0: a short run)
     span_s: float = 0.0  # sustained: GPU time of the whole back-to-back run (all policies)
     busy: float = 0.0  # sustained: summed iteration times / span_s
+    kernels: str = "eager"  # the kernels the layer ran: eager | liger (exec/kernels.py)
 
     @property
     def total_s(self) -> float:
@@ -66,13 +70,15 @@ def one_layer_config(spec: ModelSpec):
     return hf_config(first_layers_config(spec.config, 1))
 
 
-def build_layer(spec: ModelSpec, device: torch.device):
-    """(decoder layer 0 in BF16 on `device`, the model's rotary embedding on `device`)."""
+def build_layer(spec: ModelSpec, device: torch.device, kernels: str = "auto"):
+    """(decoder layer 0 in BF16 on `device`, the model's rotary embedding on `device`, the
+    kernels it runs: exec/kernels.apply's resolution of `kernels`)."""
     from transformers import AutoModelForCausalLM
 
     config = one_layer_config(spec)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
+    ran, _ = fused_kernels.apply(model, kernels, device)
     layer = model.model.layers[0].to_empty(device=device).to(torch.bfloat16)
     with torch.no_grad():
         for name, p in layer.named_parameters():
@@ -80,7 +86,7 @@ def build_layer(spec: ModelSpec, device: torch.device):
                 p.normal_(0.0, 0.02)
             else:
                 p.fill_(0.0 if name.endswith("bias") else 1.0)
-    return layer, type(model.model.rotary_emb)(config=config).to(device)
+    return layer, type(model.model.rotary_emb)(config=config).to(device), ran
 
 
 def rope(rotary, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,9 +104,9 @@ def forward(layer, x: torch.Tensor, cos_sin) -> torch.Tensor:
 class LayerBench:
     """One decoder layer of `spec` on GPU 0, built once and timed at several shapes."""
 
-    def __init__(self, spec: ModelSpec, warmup: int, repeats: int):
+    def __init__(self, spec: ModelSpec, warmup: int, repeats: int, kernels: str = "auto"):
         self.device = torch.device("cuda", 0)
-        self.layer, self.rotary = build_layer(spec, self.device)
+        self.layer, self.rotary, self.kernels = build_layer(spec, self.device, kernels)
         self.spec, self.warmup, self.repeats = spec, warmup, repeats
 
     def time(self, seq: int, micro_batch: int, policy: str) -> LayerTiming | None:
@@ -150,7 +156,8 @@ class LayerBench:
         kinds = ("fwd", "bwd") if policy == "none" else ("fwd", "recompute", "bwd")
         flops = sum(f[k] for k in kinds) * seq * micro_batch
         s = self.spec
-        return LayerTiming(s.name, s.hidden, s.ffn, seq, micro_batch, policy, fwd_s, bwd_s, flops)
+        return LayerTiming(s.name, s.hidden, s.ffn, seq, micro_batch, policy, fwd_s, bwd_s, flops,
+                           kernels=self.kernels)
 
     def _iteration(self, seq: int, micro_batch: int):
         """once(policy): enqueue one micro-batch's fwd + bwd; its 3 CUDA events (start, fwd end,

@@ -12,7 +12,9 @@ Schema (units in names):
               achieved = [[hidden, tokens, tflops], ...]   achieved dense rate of one decoder layer
               [[gpu.layer_time]] hidden, ffn, seq, micro_batch, fwd_bwd_s (one micro-batch),
                                  source, sac_recompute_fraction (optional: policy sac's
-                                 recompute / its forward)   (optional)
+                                 recompute / its forward), kernels (optional: "eager", the
+                                 default, or "liger": the kernels timed; GpuSpec.row_kernels)
+                                 (optional)
   [pcie]      h2d_gbps, d2h_gbps (one GPU, one direction), duplex_gbps (one GPU, both directions),
               all_h2d_gbps, all_d2h_gbps, all_total_gbps (all GPUs at once: host-side caps), source
               chunk_gbps = [[chunk_mib, h2d, d2h], ...]  (optional) one GPU alone, by copy size
@@ -68,6 +70,7 @@ from slidedp.spec.units import GB, GIB, MIB
 
 FABRIC_KINDS = ("pcie", "nvlink-pairs", "nvswitch")
 COLLECTIVES = ("all_gather", "reduce_scatter", "reduce", "all_reduce")
+LAYER_KERNELS = ("eager", "liger")  # a measured layer_time row's kernels (exec/kernels.py)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class LayerTime:
     # policy code (sac recomputes only memory-bound ops: it prices the elementwise bytes of every
     # recompute, graph/costs.py flops_per_hbm_byte); in (0, 1); None: not measured
     sac_recompute_fraction: float | None = None
+    kernels: str = "eager"  # the kernels the layer ran (exec/kernels.py): eager | liger
 
 
 @dataclass(frozen=True)
@@ -115,25 +119,41 @@ class GpuSpec:
 
         return log_between(hs, hidden, at_hidden)
 
-    def measured_layer_s(self, hidden: int, ffn: int, seq: int, micro_batch: float) -> float | None:
-        """Measured fwd+bwd time of one layer of this shape, linear in micro-batch; None if absent."""
-        return self._per_shape("fwd_bwd_s", hidden, ffn, seq, micro_batch)
+    def measured_layer_s(self, hidden: int, ffn: int, seq: int, micro_batch: float,
+                         kernels: str = "eager") -> float | None:
+        """Measured fwd+bwd time of one layer of this shape with a plan's `kernels` (row_kernels),
+        linear in micro-batch; None if absent."""
+        return self._per_shape("fwd_bwd_s", hidden, ffn, seq, micro_batch, kernels)
 
     def measured_sac_recompute_fraction(self, hidden: int, ffn: int, seq: int,
-                                        micro_batch: float) -> float | None:
-        """Measured sac recompute / forward of one layer of this shape, linear between measured
-        micro-batches, the nearest one's outside them; None if absent."""
-        return self._per_shape("sac_recompute_fraction", hidden, ffn, seq, micro_batch,
+                                        micro_batch: float, kernels: str = "eager") -> float | None:
+        """Measured sac recompute / forward of one layer of this shape (row_kernels), linear
+        between measured micro-batches, the nearest one's outside them; None if absent."""
+        return self._per_shape("sac_recompute_fraction", hidden, ffn, seq, micro_batch, kernels,
                                proportional=False)
 
+    def row_kernels(self, hidden: int, ffn: int, seq: int, kernels: str) -> str:
+        """Whose layer_time rows of this shape stand for a plan's `kernels` (plan.kernels): its
+        own where measured; "auto" takes liger's where measured (the profile ran liger, so the
+        executor will), else eager's; a plan whose kernels were not measured takes the other
+        kernels' rows."""
+        have = {lt.kernels for lt in self.layer_times
+                if (lt.hidden, lt.ffn, lt.seq) == (hidden, ffn, seq)}
+        want = "liger" if kernels == "auto" else str(kernels)
+        if want in have or not have:
+            return want
+        return next(iter(sorted(have)))
+
     def _per_shape(self, field: str, hidden: int, ffn: int, seq: int, micro_batch: float,
-                   proportional: bool = True) -> float | None:
-        """A LayerTime field at this layer shape, linear in micro-batch (proportional to it from
-        a single row; a fraction is not: held at the measured micro-batches' ends)."""
+                   kernels: str, proportional: bool = True) -> float | None:
+        """A LayerTime field at this layer shape and kernels, linear in micro-batch (proportional
+        to it from a single row; a fraction is not: held at the measured micro-batches' ends)."""
+        tag = self.row_kernels(hidden, ffn, seq, kernels)
         rows = sorted(
             (lt.micro_batch, getattr(lt, field))
             for lt in self.layer_times
-            if (lt.hidden, lt.ffn, lt.seq) == (hidden, ffn, seq) and getattr(lt, field) is not None
+            if (lt.hidden, lt.ffn, lt.seq, lt.kernels) == (hidden, ffn, seq, tag)
+            and getattr(lt, field) is not None
         )
         if not rows:
             return None
@@ -255,8 +275,9 @@ def _gpu(t: Table) -> GpuSpec:
                 if not sac < 1:
                     raise SpecError(s.where, s._name("sac_recompute_fraction"),
                                     f"a fraction of the forward in (0, 1), got {sac!r}")
+            kernels = s.str("kernels", "eager", choices=LAYER_KERNELS)
             lts.append(LayerTime(s.int("hidden"), s.int("ffn"), s.int("seq"), s.int("micro_batch"),
-                                 s.num("fwd_bwd_s"), s.str("source"), sac))
+                                 s.num("fwd_bwd_s"), s.str("source"), sac, kernels))
             s.done()
     src = sources_of(t, keys)
     t.done()

@@ -41,6 +41,11 @@ the update CPU time: on nvidia-h200 (Qwen3-4B mb 4 and 5, benchmarks/RESULTS.md)
 host widening is for hosts where the downloads, not the update's cores, are the bottleneck. The
 cpu route with more than one GPU always downloads FP32: its host sum adds the ranks' chunks in
 FP32 (graph.build.grad_wire_bytes).
+`kernels` says which kernels the decoder layers and the LM head run (exec/kernels.py): "eager"
+(transformers' own PyTorch code, the exact CPU path), "liger" (liger-kernel's fused RMSNorm, SwiGLU,
+RoPE and linear + cross-entropy; CUDA only) or "auto" (the default: liger on a CUDA device where
+liger-kernel imports, else eager). The profile times the layer with the kernels it ran and tags the
+row (spec/hardware.py, gpu.layer_time.kernels), and the cost model takes the plan's kernels' rows.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ class GradRoute(StrEnum):
 class GradWiden(StrEnum):
     GPU = "gpu"  # widened to FP32 on the GPU, downloaded as FP32 (4 B/param on the wire)
     HOST = "host"  # downloaded in the compute dtype (2 B/param), widened by the update in cache
+
+
+class Kernels(StrEnum):
+    AUTO = "auto"  # liger on a CUDA device where liger-kernel imports, else eager
+    EAGER = "eager"  # transformers' own modules
+    LIGER = "liger"  # liger-kernel's fused RMSNorm, SwiGLU, RoPE, linear + cross-entropy (CUDA)
 
 
 class UpdateSharding(StrEnum):
@@ -102,6 +113,7 @@ class Plan:
     step_join: bool = True  # every task of step t+1 after every task of step t (the executor's)
     embedding_rows: bool = False  # the embedding's update in two parts (see the module docstring)
     grad_widen: GradWiden = GradWiden.GPU  # where a gradient chunk becomes FP32 (docstring)
+    kernels: Kernels = Kernels.AUTO  # the layers' and the head's kernels (docstring)
 
     def __post_init__(self):
         checks = {
@@ -163,7 +175,7 @@ def team_cores(cores: int) -> int:
 
 
 _ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
-          "activation_policy": ActivationPolicy, "grad_widen": GradWiden}
+          "activation_policy": ActivationPolicy, "grad_widen": GradWiden, "kernels": Kernels}
 
 
 def parse_plan(data: dict, where: str) -> Plan:
