@@ -149,7 +149,7 @@ from slidedp.exec.dist.session import DistSession, PeerFailure
 from slidedp.exec.embedding_rows import EmbeddingRows
 from slidedp.exec.host_state import HostState
 from slidedp.exec.layer_runner import ModelRunner
-from slidedp.exec.loss import IGNORE_INDEX, linear_cross_entropy, shift_labels
+from slidedp.exec.loss import IGNORE_INDEX, shift_labels
 from slidedp.exec.policy_runner import LayerState, PolicyRunner, kept_layout
 from slidedp.exec.staging import HostRings, PinnedPool
 from slidedp.exec.template import Template
@@ -266,7 +266,7 @@ class Engine:
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype, self.mode, self.opt, self.wl, self.plan = dtype, mode, optimizer, workload, plan
-        self.runner = ModelRunner(model_config, self.device, dtype)
+        self.runner = ModelRunner(model_config, self.device, dtype, plan.kernels)
         layouts = self.runner.layouts
         numels = [lay.numel for lay in layouts]
         if numels != workload.model.unit_params():
@@ -705,8 +705,8 @@ class Engine:
             norm_w = head["norm.weight"].detach().requires_grad_()
             with torch.enable_grad():
                 xn = self.runner.norm_forward(norm_w, x)
-            loss, grad_xn = linear_cross_entropy(xn.detach().reshape(-1, xn.shape[-1]), weight,
-                                                 st.targets[b], st.scale, grad_weight)
+            loss, grad_xn = self.runner.head_loss(xn.detach().reshape(-1, xn.shape[-1]), weight,
+                                                  st.targets[b], st.scale, grad_weight)
             gx, gw = torch.autograd.grad(xn, (x, norm_w), grad_xn.view_as(xn))
             _accumulate(head_grad["norm.weight"], gw, b)
             st.loss += loss
