@@ -36,8 +36,10 @@ ROW_DTYPE = np.int32  # token ids, labels and positions of padded and packed row
 
 @dataclass(frozen=True)
 class Document:
-    ids: Sequence[int]
-    labels: Sequence[int] | None = None  # None: every token is a label
+    """Token ids and labels (None: every token is a label), 1-D integer arrays or sequences."""
+
+    ids: np.ndarray | Sequence[int]
+    labels: np.ndarray | Sequence[int] | None = None
 
 
 @dataclass
@@ -63,14 +65,14 @@ def pieces(docs: Iterable[Document], seq: int) -> list[Document]:
 
 def concat_rows(docs: Iterable[Document], seq: int) -> Rows:
     """Back to back, cut every `seq` tokens (labels: the ids themselves)."""
-    ids: list[int] = []
+    parts = []
     for d in docs:
         if d.labels is not None:
             raise ValueError("concat_rows: documents with labels need pad_rows or pack_rows")
-        ids.extend(d.ids)
+        parts.append(np.asarray(d.ids, dtype=np.int64))
+    ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     n = len(ids) // seq
-    tokens = np.asarray(ids[: n * seq], dtype=np.int64).reshape(n, seq)
-    return Rows(tokens, dropped_tokens=len(ids) - n * seq)
+    return Rows(ids[: n * seq].reshape(n, seq), dropped_tokens=len(ids) - n * seq)
 
 
 def _fill(rows: list[list[Document]], seq: int, pad_id: int, positions: bool) -> Rows:
