@@ -71,3 +71,23 @@ def chat_jsonl(path: Path, n: int, seed: int) -> Path:
     lines = [json.dumps({"messages": conversation(words, 1 + i % 2, gen)}) for i in range(n)]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def hub_cache(root: Path, repo: str, src: Path) -> Path:
+    """A Hugging Face hub cache under `root` holding `src` as repo's main snapshot, laid out as
+    huggingface_hub lays it (blobs by sha256, snapshot files symlinked to them, refs/main)."""
+    import hashlib
+    import os
+
+    base = root / f"models--{repo.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snap = base / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (base / "blobs").mkdir()
+    for f in src.iterdir():
+        blob = base / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        blob.write_bytes(f.read_bytes())
+        os.symlink(os.path.relpath(blob, snap), snap / f.name)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(commit)
+    return snap

@@ -305,15 +305,10 @@ class Batches:
     def __next__(self) -> dict[str, torch.Tensor]:
         b = self.global_batch  # a batch's rows are read in file order (sequential mmap reads)
         rows = np.sort(self._epoch_order()[self.index * b : (self.index + 1) * b])
-        ids = _rows(self.data.tokens, rows)
         self.index += 1
         if self.index == self.batches_per_epoch:
             self.epoch, self.index = self.epoch + 1, 0
-        out = {"input_ids": ids,
-               "labels": ids if self.data.labels is None else _rows(self.data.labels, rows)}
-        if self.data.position_ids is not None:
-            out["position_ids"] = _rows(self.data.position_ids, rows)
-        return out
+        return batch_of(self.data, rows)
 
     def state_dict(self) -> dict:
         return {
@@ -338,8 +333,17 @@ class Batches:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def _rows(a: np.ndarray, rows: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(a[rows], dtype=np.int64))
+def batch_of(data: TokenSequences, rows: np.ndarray) -> dict[str, torch.Tensor]:
+    """Rows `rows` of `data` as {"input_ids", "labels"[, "position_ids"]}, (len(rows), seq)
+    int64 (labels: input_ids itself where the data has none)."""
+    def take(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(a[rows], dtype=np.int64))
+
+    ids = take(data.tokens)
+    out = {"input_ids": ids, "labels": ids if data.labels is None else take(data.labels)}
+    if data.position_ids is not None:
+        out["position_ids"] = take(data.position_ids)
+    return out
 
 
 def markov_tokens(n_seq: int = 512, seq: int = 64, vocab: int = 512, seed: int = 0) -> np.ndarray:
