@@ -119,12 +119,14 @@ def _documents(vocab: int, steps: int) -> list[list[Document]]:
     return out
 
 
-@pytest.mark.parametrize("plan", [
-    Plan(window_slots=2, h2d_chunk_mib=_elems(3000), d2h_chunk_mib=_elems(2000)),
-    Plan(window_slots=2, layer_policies=("sac", "seg:0b0101010", "none", "layer"),
-         offload_ratio=0.5),
-], ids=["layer", "policies-offload"])
-def test_engine_on_packed_rows_matches_hf_on_documents_unpacked(plan):
+PACKED_PLANS = {
+    "layer": Plan(window_slots=2, h2d_chunk_mib=_elems(3000), d2h_chunk_mib=_elems(2000)),
+    "policies-offload": Plan(window_slots=2, offload_ratio=0.5,
+                             layer_policies=("sac", "seg:0b0101010", "none", "layer")),
+}
+
+
+def _check_packed_engine(plan: Plan, device: str = "cpu", dtype=torch.float32, tol=1e-5):
     cfg = CONFIGS["qwen3"]
     steps = _documents(cfg["vocab_size"], 2)
     rows = [pack_rows(docs, SEQ, pad_id=0) for docs in steps]
@@ -133,14 +135,16 @@ def test_engine_on_packed_rows_matches_hf_on_documents_unpacked(plan):
                  for d in docs] for docs in steps]
     ref_losses, ref_units = plain_adamw_docs(cfg, ref_docs, OPT, SEED)
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=4, micro_batch=2, gpus=1)
-    eng = Engine(cfg, wl, plan, optimizer=OPT, packed=True)
+    eng = Engine(cfg, wl, plan, optimizer=OPT, packed=True, device=device, dtype=dtype)
     try:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         init = [eng.host_state.unit_master(u).clone() for u in range(eng.host_state.n_units)]
         for r, ref in zip(rows, ref_losses, strict=True):
             got = eng.step(torch.from_numpy(r.tokens).long(), torch.from_numpy(r.labels).long(),
                            position_ids=torch.from_numpy(r.position_ids).long())
-            assert abs(got.loss - ref) <= 1e-5, (got.loss, ref)
+            assert abs(got.loss - ref) <= tol, (got.loss, ref)
+        if dtype != torch.float32:
+            return
         for u, (pr, p0) in enumerate(zip(ref_units, init, strict=True)):
             p = eng.host_state.unit_master(u)
             rel = float((p - pr).norm() / (pr - p0).norm())
@@ -148,6 +152,23 @@ def test_engine_on_packed_rows_matches_hf_on_documents_unpacked(plan):
     finally:
         eng.close()
         eng.host_state.close()
+
+
+@pytest.mark.parametrize("plan", list(PACKED_PLANS))
+def test_engine_on_packed_rows_matches_hf_on_documents_unpacked(plan):
+    _check_packed_engine(PACKED_PLANS[plan])
+
+
+# ---- on the device machine: python3 -m pytest -m gpu tests/test_exec_packing.py ---------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", list(PACKED_PLANS))
+def test_cuda_packed_rows_match_documents_unpacked(plan):
+    """The mask through SDPA's CUDA kernels (and, for the policies, the kept layout found with
+    the packed runner's mask): FP32 as on the CPU; BF16 within BF16's reach of the FP32 reference."""
+    _check_packed_engine(PACKED_PLANS[plan], device="cuda")
+    _check_packed_engine(PACKED_PLANS[plan], device="cuda", dtype=torch.bfloat16, tol=3e-2)
 
 
 def test_position_ids_need_a_packed_engine():

@@ -154,3 +154,18 @@ def test_bad_data_options_are_one_line_exit_2_before_training(files, tmp_path, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and where in err, err
     assert not (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.xdist_group("dist")  # with the other torchrun jobs, one at a time (test_train_dist)
+def test_two_ranks_train_and_evaluate_packed_chat_like_one_process(files, tmp_path):
+    opts = ["--model", str(files["model"]), "--data", str(files["many"]), "--chat", "--pack",
+            "--eval-data", str(files["eval"]), "--eval-every", "1", "--steps", "2",
+            "--eps", "1e-6", *RUN]
+    p = subprocess.run([sys.executable, "-m", "slidedp.cli", "train", "--nproc", "2",
+                        "--out", str(tmp_path / "dp"), *opts], capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert cli.main(["train", "--out", str(tmp_path / "one"), *opts]) == 0
+    two, one = _rows(tmp_path / "dp"), _rows(tmp_path / "one")
+    for key in ("loss", "eval_loss"):
+        assert [r[key] for r in two] == pytest.approx([r[key] for r in one], rel=1e-6, abs=1e-6)

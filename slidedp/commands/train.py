@@ -258,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, source = build(opts, source)
     if opts["nproc"] == 1:
         return train(cfg, source)
+    train_data.precheck(opts, source.model_dir)  # bad data: one line here, not in every rank
     preflight(cfg, source, opts["nproc"])
     overrides = [f"{k}={json.dumps(v)}" for k, v in opts.items() if v is not None]
     return launch(opts["nproc"], ["-m", "slidedp.cli", "train", *overrides],
