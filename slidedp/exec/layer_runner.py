@@ -4,10 +4,10 @@ One transformers model is built on the meta device (nothing allocated) for its m
 a decoder layer, the final norm and the rotary embedding. A decoder layer's parameters are views
 of a flat slot (layout.UnitLayout.views) handed in with torch.func.functional_call, so the same
 module object computes every layer and nothing is allocated per layer or per step besides
-activations. The rotary embedding is rebuilt for real on the device (a few kB) and evaluated once
+activations (and packed rows' masks, below). The rotary embedding is rebuilt for real on the device (a few kB) and evaluated once
 per step into an `Attention` (what a layer's attention needs besides its input):
     unpacked   positions 0..seq-1 shared by every row and micro-batch, no mask: SDPA with
-               is_causal (full-length sequences, no padding mask)
+               is_causal (a row's padding, if any, follows its tokens: no padding mask)
     packed     rows that hold several documents (exec/packing.py): position ids that restart at 0
                where a document starts, so RoPE sees each document from position 0, and an
                additive block-diagonal causal mask (0 where a query may attend a key: same
