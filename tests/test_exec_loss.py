@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slidedp.exec.loss import IGNORE_INDEX, linear_cross_entropy, shift_labels
+from slidedp.exec.loss import IGNORE_INDEX, cross_entropy_sum, linear_cross_entropy, shift_labels
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 64])
@@ -29,3 +29,13 @@ def test_chunked_loss_matches_plain(chunk_tokens):
 def test_shift_labels_like_hf():
     labels = torch.tensor([[1, 2, 3], [4, IGNORE_INDEX, 6]])
     assert shift_labels(labels).tolist() == [[2, 3, IGNORE_INDEX], [IGNORE_INDEX, 6, IGNORE_INDEX]]
+
+
+def test_forward_only_sum_matches_plain():
+    gen = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(30, 8, generator=gen), torch.randn(20, 8, generator=gen)
+    targets = torch.randint(0, 20, (30,), generator=gen)
+    targets[::4] = IGNORE_INDEX
+    ref = F.cross_entropy(hidden @ weight.T, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    for chunk in (1, 7, 64):
+        torch.testing.assert_close(cross_entropy_sum(hidden, weight, targets, chunk), ref)

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from slidedp.exec.data import Batches, TokenSequences, bundled_data_dir, markov_tokens, open_tokens
+from slidedp.exec.data import (
+    Batches,
+    DataOptions,
+    TokenSequences,
+    bundled_data_dir,
+    markov_tokens,
+    open_tokens,
+)
 from slidedp.spec.errors import SpecError
 
 WORDS = ["<unk>", "<eos>", "the", "cat", "sat", "on", "mat", "a", "dog"]
@@ -121,7 +128,7 @@ def tokenizer_dir(tmp_path_factory):
 def test_jsonl_and_txt_are_packed_with_eos_and_the_tail_dropped(tmp_path, tokenizer_dir):
     f = tmp_path / "d.jsonl"
     f.write_text('{"body": "the cat sat"}\n\n{"body": "a dog sat on the mat"}\n')
-    data = open_tokens(f, seq=4, vocab=9, tokenizer_dir=tokenizer_dir, text_field="body")
+    data = open_tokens(f, seq=4, vocab=9, tokenizer_dir=tokenizer_dir, options=DataOptions(field="body"))
     # the cat sat <eos> | a dog sat on | the mat <eos>  -> 11 tokens: 2 sequences, 3 dropped
     assert data.tokens.tolist() == [[2, 3, 4, 1], [7, 8, 4, 5]] and data.dropped_tokens == 3
     t = tmp_path / "d.txt"

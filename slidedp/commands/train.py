@@ -28,6 +28,7 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slidedp.commands import train_data
 from slidedp.commands.autoplan import AUTO, select_plan
 from slidedp.commands.common import add_plan_options, resolve
 from slidedp.exec.dtypes import COMPUTE_DTYPES
@@ -63,6 +64,12 @@ BOOLS = {"no_shuffle", "resume", "host_bf16_copy"}
 CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES,
            "kernels": tuple(k.value for k in Kernels)}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0}
+# the data, eval, export and logging options (commands/train_data.py)
+DEFAULTS |= train_data.DEFAULTS
+INTS |= train_data.INTS
+BOOLS |= train_data.BOOLS
+CHOICES |= train_data.CHOICES
+MIN |= train_data.MIN
 
 
 def register(sub) -> None:
@@ -107,6 +114,7 @@ def register(sub) -> None:
     c.add_argument("--keep-checkpoints", type=int, help="newest checkpoints kept (default 2)")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     c.add_argument("--trace", help="write the last step's measured Timeline as a Chrome trace")
+    train_data.add_options(p)
     add_plan_options(p, auto=True)
     p.set_defaults(func=run)
 
@@ -227,7 +235,8 @@ def build(opts: dict, source=None):
         device=opts["device"], seed=opts["seed"], shuffle=not opts["no_shuffle"],
         checkpoint_every=opts["checkpoint_every"], keep_checkpoints=opts["keep_checkpoints"],
         resume=opts["resume"], trace=Path(opts["trace"]) if opts["trace"] else None,
-        plan=r.plan.with_overrides(defer_update=True if opts["grad_clip"] else None), hardware=hw)
+        plan=r.plan.with_overrides(defer_update=True if opts["grad_clip"] else None), hardware=hw,
+        **train_data.config_fields(opts))
     return cfg, source
 
 
@@ -236,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
     from slidedp.exec.trainer import preflight
 
     opts = resolve_options(args)
+    train_data.prepare(opts)
     if is_rank_process():  # started by the launch below (or by torchrun directly)
         opts["nproc"] = int(os.environ["WORLD_SIZE"])
         # on the CPU every rank computes: a share of the cores each (GPUs: dist/ownership.py)
@@ -253,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, source = build(opts, source)
     if opts["nproc"] == 1:
         return train(cfg, source)
+    train_data.precheck(opts, source.model_dir)  # bad data: one line here, not in every rank
     preflight(cfg, source, opts["nproc"])
     overrides = [f"{k}={json.dumps(v)}" for k, v in opts.items() if v is not None]
     return launch(opts["nproc"], ["-m", "slidedp.cli", "train", *overrides],
@@ -260,13 +271,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def precheck_data(opts: dict):
-    """The model source, after the data file's checks that read no data (exec/data.py
-    precheck_tokens: its tokenizer is the model directory's)."""
-    from slidedp.exec.data import precheck_tokens
+    """The model source, after the data's checks that read no data (train_data.precheck: its
+    tokenizer is the model directory's)."""
     from slidedp.exec.io import open_model_source
 
     source = open_model_source(opts["model"], seed=opts["seed"])
-    precheck_tokens(opts["data"], opts["seq"], source.model_dir)
+    train_data.precheck(opts, source.model_dir)
     return source
 
 
@@ -291,6 +301,8 @@ def train(cfg: TrainConfig, source, session: DistSession | None = None) -> int:
                   f"{cfg.plan.offload_ratio:g}, {cfg.plan.update_workers} update worker(s)"
                   f"{', embedding rows split' if cfg.plan.splits_embedding else ''}; kernels "
                   f"{tr.engine.runner.kernels} ({tr.engine.runner.kernels_why})", flush=True)
+            print(train_data.data_line(tr.batches.data), flush=True)
+        reporter = train_data.reporter(cfg) if lead else None
         first = tr.step
         losses: list[float] = []
         bar = tqdm(total=cfg.steps, initial=first, unit="step", dynamic_ncols=True,
@@ -301,11 +313,15 @@ def train(cfg: TrainConfig, source, session: DistSession | None = None) -> int:
             bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:,.0f}",
                             step_s=f"{row['step_time_s']:.3f}")
             bar.update(1)
+            if reporter is not None:
+                reporter.log(row)
 
         try:
             tr.run(on_step)
         finally:
             bar.close()
+            if reporter is not None:
+                reporter.close()
     if not lead:
         return 0
     if losses:

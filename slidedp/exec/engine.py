@@ -148,7 +148,7 @@ from slidedp.exec.dist.ownership import process_threads, task_owners
 from slidedp.exec.dist.session import DistSession, PeerFailure
 from slidedp.exec.embedding_rows import EmbeddingRows
 from slidedp.exec.host_state import HostState
-from slidedp.exec.layer_runner import ModelRunner
+from slidedp.exec.layer_runner import Attention, ModelRunner, PerMicroBatch
 from slidedp.exec.loss import IGNORE_INDEX, shift_labels
 from slidedp.exec.policy_runner import LayerState, PolicyRunner, kept_layout
 from slidedp.exec.staging import HostRings, PinnedPool
@@ -208,7 +208,7 @@ class _StepState:
         self.layers: dict[tuple[int, int], LayerState] = {}  # (layer, mb): forward -> backward
         self.ids: list[torch.Tensor] = []  # per micro-batch, on the device
         self.targets: list[torch.Tensor] = []  # per micro-batch, shifted labels, flat
-        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.rope: Attention | PerMicroBatch | None = None  # RoPE tables (and packed rows' masks)
         self.loss: torch.Tensor | None = None  # device scalar, summed by HEAD_LOSS
         self.lr = 0.0
         self.scale = 0.0  # 1 / non-ignored tokens of the global batch
@@ -223,19 +223,21 @@ class Engine:
     (session.host_state); the device is the session's. `probe` is for instrumented tests (it
     may synchronize the device). With plan.embedding_rows each step delivers the next step's
     embedding: after changing the host state between steps of a live engine, call
-    host_state_changed().
+    host_state_changed(). `packed`: steps pass position_ids (rows holding several documents,
+    layer_runner.py).
     """
 
     def __init__(self, model_config, workload: Workload, plan: Plan, *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, mode: str = "overlap",
                  optimizer: AdamWConfig, host_state: HostState | None = None,
-                 session: DistSession | None = None, probe: Probe | None = None):
+                 session: DistSession | None = None, probe: Probe | None = None,
+                 packed: bool = False):
         """Without `host_state` the engine creates one (eng.host_state: the caller closes it);
         if the construction then fails, that one is closed here (its shared memory removed)."""
         self._created_state: HostState | None = None
         try:
             self._build(model_config, workload, plan, device, dtype, mode, optimizer, host_state,
-                        session, probe)
+                        session, probe, packed)
         except BaseException:
             if self._created_state is not None:
                 self._created_state.close()
@@ -244,7 +246,7 @@ class Engine:
     def _build(self, model_config, workload: Workload, plan: Plan, device: str,
                dtype: torch.dtype, mode: str, optimizer: AdamWConfig,
                host_state: HostState | None, session: DistSession | None,
-               probe: Probe | None) -> None:
+               probe: Probe | None, packed: bool) -> None:
         if mode not in MODES:
             raise SpecError("engine", "mode", f"one of {', '.join(MODES)}, got {mode!r}")
         R = workload.gpus
@@ -266,7 +268,7 @@ class Engine:
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype, self.mode, self.opt, self.wl, self.plan = dtype, mode, optimizer, workload, plan
-        self.runner = ModelRunner(model_config, self.device, dtype, plan.kernels)
+        self.runner = ModelRunner(model_config, self.device, dtype, plan.kernels, packed=packed)
         layouts = self.runner.layouts
         numels = [lay.numel for lay in layouts]
         if numels != workload.model.unit_params():
@@ -391,8 +393,10 @@ class Engine:
     # ---- public -------------------------------------------------------------------------------
 
     def step(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-             lr: float | None = None) -> StepResult:
-        """One optimizer step on a global batch: input_ids (global_batch, seq_len) int64 on CPU.
+             lr: float | None = None, position_ids: torch.Tensor | None = None) -> StepResult:
+        """One optimizer step on a global batch: input_ids (global_batch, seq_len) int64 on CPU;
+        position_ids, of the same shape, only for a packed engine (a document starts where it
+        is 0).
 
         With R ranks every process passes the same global batch (see "Data")."""
         wl = self.wl
@@ -413,7 +417,8 @@ class Engine:
         mine = slice(self.rank * rows, (self.rank + 1) * rows)
         st.ids = input_ids[mine].to(self.device).split(mb)
         st.targets = [t.reshape(-1) for t in targets[mine].to(self.device).split(mb)]
-        st.rope = self.runner.rope(wl.seq_len)
+        st.rope = self.runner.rope(wl.seq_len, None if position_ids is None else
+                                   position_ids[mine].to(self.device).split(mb))
         st.loss = torch.zeros((), dtype=torch.float32, device=self.device)
         self.acts.reset()  # nothing is kept across steps (a failed step may have left entries)
         if self.emb_rows is not None:

@@ -4,8 +4,18 @@ One transformers model is built on the meta device (nothing allocated) for its m
 a decoder layer, the final norm and the rotary embedding. A decoder layer's parameters are views
 of a flat slot (layout.UnitLayout.views) handed in with torch.func.functional_call, so the same
 module object computes every layer and nothing is allocated per layer or per step besides
-activations. The rotary embedding is rebuilt for real on the device (a few kB) and evaluated once
-per step; attention is SDPA with is_causal (packed full-length sequences: no padding mask).
+activations (and packed rows' masks, below). The rotary embedding is rebuilt for real on the
+device (a few kB) and evaluated once per step into an `Attention` (what a layer's attention needs besides its input):
+    unpacked   positions 0..seq-1 shared by every row and micro-batch, no mask: SDPA with
+               is_causal (a row's padding, if any, follows its tokens: no padding mask)
+    packed     rows that hold several documents (exec/packing.py): position ids that restart at 0
+               where a document starts, so RoPE sees each document from position 0, and an
+               additive block-diagonal causal mask (0 where a query may attend a key: same
+               document, not later; -inf elsewhere) in the compute dtype, one per micro-batch,
+               (micro_batch, 1, seq, seq). A packed row then computes what its documents compute
+               one by one. The mask is built in the compute dtype, not as booleans, because SDPA
+               turns a boolean mask into a new additive tensor on every call, which autograd
+               would save per layer; this one is saved by reference, once per step.
 `kernels` (plan.kernels) picks the layers' and the head's kernels (exec/kernels.py: eager, or
 liger-kernel's on CUDA); `head_loss` is HEAD_LOSS's linear + cross-entropy for them.
 
@@ -16,7 +26,8 @@ layers; anything else is a SpecError.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch.func import functional_call
@@ -61,10 +72,53 @@ def hf_config(config):
     return config
 
 
-class ModelRunner:
-    """The model's code, driven with parameters from flat slots; all methods run on `device`."""
+@dataclass(frozen=True)
+class Attention:
+    """What a decoder layer's attention needs besides its input, for one micro-batch: the RoPE
+    tables (cos, sin), (1 or rows, seq, head_dim), and the additive mask, None for causal."""
 
-    def __init__(self, config, device: torch.device, dtype: torch.dtype, kernels: str = "auto"):
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None = None
+
+    def of(self, b: int) -> Attention:
+        """Micro-batch b's: this one, shared by every micro-batch."""
+        return self
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.cos, self.sin) if self.mask is None else (self.cos, self.sin, self.mask)
+
+
+@dataclass(frozen=True)
+class PerMicroBatch:
+    """A step's Attention for packed rows: one per micro-batch."""
+
+    parts: tuple[Attention, ...]
+
+    def of(self, b: int) -> Attention:
+        return self.parts[b]
+
+
+def document_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive block-diagonal causal mask (rows, 1, seq, seq) of rows whose documents start
+    where position_ids is 0: 0 where key j <= query i lies in i's document, -inf elsewhere."""
+    doc = torch.cumsum(position_ids == 0, dim=1)
+    seq = position_ids.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=position_ids.device).tril()
+    allowed = (doc[:, :, None] == doc[:, None, :]) & causal
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=position_ids.device)
+    return mask.masked_fill_(~allowed, float("-inf"))[:, None]
+
+
+class ModelRunner:
+    """The model's code, driven with parameters from flat slots; all methods run on `device`.
+
+    `packed`: the steps' rows hold several documents (an explicit mask in every layer, see the
+    module docstring); rope() then gives the explicit mask too, so that what a layer saves for
+    its backward, which depends on SDPA's kernel, is the same in a layout forward as in a step."""
+
+    def __init__(self, config, device: torch.device, dtype: torch.dtype, kernels: str = "auto",
+                 packed: bool = False):
         from transformers import AutoModelForCausalLM
 
         self.config = hf_config(config)
@@ -80,22 +134,33 @@ class ModelRunner:
         self.padding_idx = model.model.embed_tokens.padding_idx
         self.vocab, self.hidden = self.layouts[0].entries[0].shape
         self.rotary = type(model.model.rotary_emb)(config=self.config).to(device)
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.packed = device, dtype, packed
 
-    def rope(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) for positions 0..seq_len-1, shape (1, seq_len, head_dim): once per step."""
+    def rope(self, seq_len: int, position_ids: Sequence[torch.Tensor] | None = None
+             ) -> Attention | PerMicroBatch:
+        """The step's attention inputs, once per step. Without position_ids: positions
+        0..seq_len-1 for every row (one document a row; with `packed`, as an explicit mask of
+        one row). With them (packed engines only): per micro-batch, from its (rows, seq_len)
+        position ids on the device."""
+        if position_ids is not None:
+            if not self.packed:
+                raise ValueError("position_ids need a runner built with packed=True")
+            return PerMicroBatch(tuple(self._attention(p) for p in position_ids))
         pos = torch.arange(seq_len, device=self.device)[None]
-        return self.rotary(torch.empty(0, device=self.device, dtype=self.dtype), pos)
+        if self.packed:
+            return self._attention(pos)
+        return Attention(*self.rotary(torch.empty(0, device=self.device, dtype=self.dtype), pos))
 
-    def layer_forward(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        out = functional_call(
-            self.layer, params, (x,), {"position_embeddings": rope, "attention_mask": None}
-        )
+    def _attention(self, position_ids: torch.Tensor) -> Attention:
+        if position_ids.dim() != 2:
+            raise ValueError(f"position_ids must be (rows, seq), got {tuple(position_ids.shape)}")
+        cos, sin = self.rotary(torch.empty(0, device=self.device, dtype=self.dtype), position_ids)
+        return Attention(cos, sin, document_mask(position_ids, self.dtype))
+
+    def layer_forward(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                      attn: Attention) -> torch.Tensor:
+        out = functional_call(self.layer, params, (x,), {
+            "position_embeddings": (attn.cos, attn.sin), "attention_mask": attn.mask})
         return out[0] if isinstance(out, tuple) else out
 
     def norm_forward(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

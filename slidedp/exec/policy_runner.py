@@ -21,8 +21,9 @@ goes to the layer's KeptActivations entries (activations.py), which offload rati
               input that holds no tensor), under saved_tensors_hooks whose pack decides what
               each saved tensor becomes:
                 parameter slot, RoPE table,   the tensor itself (a reference: the slot holds the
-                another device's tensor, an   layer's parameters again at its backward; SDPA's
-                empty storage                 RNG state may be a host or an empty tensor)
+                packed rows' mask, another    layer's parameters again at its backward; SDPA's
+                device's tensor, an empty     RNG state may be a host or an empty tensor)
+                storage
                 saved inside a recomputed     a _Saved(piece, i) placeholder: the i-th tensor the
                 piece                         piece saves (recompute saves the same ones again)
                 a recomputed piece's output   a _Placeholder of that value (and view geometry)
@@ -50,7 +51,7 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge, saved_tensors_hooks
 
 from slidedp.exec.activations import Kept, KeptActivations
-from slidedp.exec.layer_runner import ModelRunner
+from slidedp.exec.layer_runner import Attention, ModelRunner, PerMicroBatch
 from slidedp.exec.segment_layer import PIECES, SegmentLayer
 from slidedp.spec.segments import ALL_KEPT, LayerPolicy, recomputed_segments
 
@@ -160,16 +161,18 @@ class PolicyRunner:
     # ---- forward -------------------------------------------------------------------------------
 
     def forward(self, policy: LayerPolicy, layer: int, b: int, params, x: torch.Tensor,
-                rope, acts=None) -> tuple[torch.Tensor, LayerState]:
-        """Layer `layer`'s output for micro-batch b (x already kept by the caller); what it keeps
-        goes to `acts` (default: the runner's)."""
+                rope: Attention | PerMicroBatch, acts=None) -> tuple[torch.Tensor, LayerState]:
+        """Layer `layer`'s output for micro-batch b (x already kept by the caller; `rope`: the
+        step's attention inputs, rope.of(b) this micro-batch's); what it keeps goes to `acts`
+        (default: the runner's)."""
         acts = acts or self.acts
         st = LayerState(layer, b, policy, acts=acts)
+        attn = rope.of(b)
         if policy.kind == "layer":
             with torch.no_grad():
-                return self.runner.layer_forward(params, x, rope), st
+                return self.runner.layer_forward(params, x, attn), st
         plan = piece_plan(policy)
-        through = {t.untyped_storage().data_ptr() for t in (*params.values(), *rope)}
+        through = {t.untyped_storage().data_ptr() for t in (*params.values(), *attn.tensors())}
         made_by_recompute: dict[int, tuple[str, int]] = {}  # storage -> (value, its offset)
         device = x.device
         running: list[str | None] = [None]  # the recomputed piece being run, else None
@@ -204,7 +207,7 @@ class PolicyRunner:
         with torch.enable_grad(), saved_tensors_hooks(pack, unpack):
             entry = _Entry.apply(self.anchor, x)
             if not plan.recomputed:  # the HF layer itself: the same ops, one functional_call
-                out = self.runner.layer_forward(leaves, entry, rope)
+                out = self.runner.layer_forward(leaves, entry, attn)
             else:
                 values = {"x": entry}
                 for pc in PIECES:
@@ -212,7 +215,7 @@ class PolicyRunner:
                     if redo:
                         running[0] = pc.name
                         st.n_saved[pc.name] = 0
-                    outs = self.pieces.run(pc, leaves, [values[n] for n in pc.inputs], rope)
+                    outs = self.pieces.run(pc, leaves, [values[n] for n in pc.inputs], attn)
                     running[0] = None
                     values.update(zip(pc.outputs, outs, strict=True))
                     if redo:
@@ -234,11 +237,12 @@ class PolicyRunner:
         if st.ready:
             return
         st.ready = True
+        attn = rope.of(st.b)
         if st.policy.kind == "layer":
             leaves = _leaves(params)
             x = st.acts.input(st.layer, st.b).detach().requires_grad_()
             with torch.enable_grad():
-                out = self.runner.layer_forward(leaves, x, rope)
+                out = self.runner.layer_forward(leaves, x, attn)
             st.graph = _Graph([get_gradient_edge(x)], [get_gradient_edge(out)], leaves)
             return
         plan = piece_plan(st.policy)
@@ -261,7 +265,7 @@ class PolicyRunner:
                         else st.acts.tensor(st.kept[n])).detach().requires_grad_()
                        for n in pc.inputs]
                 record = []
-                outs = self.pieces.run(pc, leaves, ins, rope)
+                outs = self.pieces.run(pc, leaves, ins, attn)
                 if len(record) != st.n_saved[pc.name]:
                     raise RuntimeError(f"recomputing {pc.name} saved {len(record)} tensors, its "
                                        f"forward {st.n_saved[pc.name]}")

@@ -12,8 +12,9 @@ forward and backward are the operations of the HF layer's forward, in the same o
     qkv_proj         1        xn            q_pre k_pre v  q/k/v projections (+ biases), v as
                                                            (batch, kv heads, seq, head_dim)
     qk_norm_rope     1        q_pre k_pre   q k            q_norm/k_norm (qwen3), RoPE
-    attention        2        q k v         o              SDPA, causal, as transformers' sdpa
-                                                           integration calls it (GQA or repeat_kv)
+    attention        2        q k v         o              SDPA, causal (or the packed rows' mask),
+                                                           as transformers' sdpa integration
+                                                           calls it (GQA or repeat_kv)
     o_copy           3        o             o_flat         o.transpose(1, 2).contiguous(): the
                                                            o_proj input copy
     o_proj_residual  3        x o_flat      h1             x + o_proj(o_flat)
@@ -24,6 +25,8 @@ forward and backward are the operations of the HF layer's forward, in the same o
 
 Pieces refine segments 1 and 3 so that selective checkpointing's cut points (the outputs of the
 matmuls and of attention) fall between pieces. Boundary i of segments.py is BOUNDARY_VALUES[i].
+Every piece gets the micro-batch's layer_runner.Attention (RoPE tables, mask); only qk_norm_rope
+and attention read it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from slidedp.exec.layer_runner import Attention
 from slidedp.spec.errors import SpecError
 
 
@@ -93,15 +97,15 @@ class SegmentLayer:
                      "act_mul": self._act_mul, "down_residual": self._down_residual}
 
     def run(self, piece: Piece, params: dict[str, torch.Tensor], inputs: list[torch.Tensor],
-            rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+            attn: Attention) -> tuple[torch.Tensor, ...]:
         """The piece's outputs from its inputs (params: the layer's, by its module-local names)."""
-        return self._run[piece.name](params, rope, *inputs)
+        return self._run[piece.name](params, attn, *inputs)
 
-    def forward(self, params, x, rope) -> torch.Tensor:
+    def forward(self, params, x, attn: Attention) -> torch.Tensor:
         """The whole layer, piece after piece (what ModelRunner.layer_forward computes)."""
         values = {"x": x}
         for p in PIECES:
-            values.update(zip(p.outputs, self.run(p, params, [values[n] for n in p.inputs], rope),
+            values.update(zip(p.outputs, self.run(p, params, [values[n] for n in p.inputs], attn),
                               strict=True))
         return values["out"]
 
@@ -112,52 +116,52 @@ class SegmentLayer:
             return F.linear(x, local["weight"], local.get("bias"))
         return functional_call(sub, local, (x,))
 
-    def _input_norm(self, params, rope, x):
+    def _input_norm(self, params, attn, x):
         return (self._call("input_norm", "input_layernorm", params, x),)
 
-    def _qkv_proj(self, params, rope, xn):
+    def _qkv_proj(self, params, attn, xn):
         shape = (*xn.shape[:-1], -1, self.head_dim)
         q = self._call("qkv_proj", "self_attn.q_proj", params, xn).view(shape)
         k = self._call("qkv_proj", "self_attn.k_proj", params, xn).view(shape)
         v = self._call("qkv_proj", "self_attn.v_proj", params, xn).view(shape).transpose(1, 2)
         return q, k, v
 
-    def _qk_norm_rope(self, params, rope, q, k):
+    def _qk_norm_rope(self, params, attn, q, k):
         if self.qk_norm:
             q = self._call("qk_norm_rope", "self_attn.q_norm", params, q)
             k = self._call("qk_norm_rope", "self_attn.k_norm", params, k)
-        cos, sin = rope
-        return self.rope_fn(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return self.rope_fn(q.transpose(1, 2), k.transpose(1, 2), attn.cos, attn.sin)
 
-    def _attention(self, params, rope, q, k, v):
+    def _attention(self, params, attn, q, k, v):
         from transformers.integrations.sdpa_attention import repeat_kv, use_gqa_in_sdpa
 
         kw = {}
         groups = self.attn.num_key_value_groups
         if groups > 1:
-            if use_gqa_in_sdpa(None, k, v):
+            if use_gqa_in_sdpa(attn.mask, k, v):
                 kw["enable_gqa"] = True
             else:
                 k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
-                                           scale=self.attn.scaling, is_causal=q.shape[2] > 1, **kw)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn.mask, dropout_p=0.0, scale=self.attn.scaling,
+            is_causal=q.shape[2] > 1 and attn.mask is None, **kw)
         return (o,)
 
-    def _o_copy(self, params, rope, o):
+    def _o_copy(self, params, attn, o):
         return (o.transpose(1, 2).contiguous().reshape(*o.shape[:1], o.shape[2], -1),)
 
-    def _o_proj_residual(self, params, rope, x, o_flat):
+    def _o_proj_residual(self, params, attn, x, o_flat):
         return (x + self._call("o_proj_residual", "self_attn.o_proj", params, o_flat),)
 
-    def _post_norm(self, params, rope, h1):
+    def _post_norm(self, params, attn, h1):
         return (self._call("post_norm", "post_attention_layernorm", params, h1),)
 
-    def _gate_up(self, params, rope, h1n):
+    def _gate_up(self, params, attn, h1n):
         return (self._call("gate_up", "mlp.gate_proj", params, h1n),
                 self._call("gate_up", "mlp.up_proj", params, h1n))
 
-    def _act_mul(self, params, rope, g, u):
+    def _act_mul(self, params, attn, g, u):
         return (self.layer.mlp.act_fn(g) * u,)
 
-    def _down_residual(self, params, rope, h1, a):
+    def _down_residual(self, params, attn, h1, a):
         return (h1 + self._call("down_residual", "mlp.down_proj", params, a),)

@@ -14,7 +14,9 @@ Each step takes the next global batch and the schedule's rate (schedule.py); the
 mean over all the global batch's tokens (the Engine accumulates the micro-batches).
 Checkpoints go to OUT/checkpoints/step-N (exec/checkpoint.py: atomic, the newest
 `keep_checkpoints` kept) every `checkpoint_every` steps and after the last step; the final
-model goes to OUT/final in `dtype` (exec/io/export.py).
+model goes to OUT/final in `save_dtype` (else `dtype`), with the source directory's tokenizer and
+generation config (exec/io/export.py). With `eval_data`, the eval loss (exec/evaluate.py) is
+added to the metrics row of every `eval_every`-th step and of the last (key eval_loss).
 
 R > 1 (`slidedp train --nproc R`): every rank process runs a Trainer with its DistSession.
 Every rank reads the same global batches (the Engine picks its rows); local rank 0 creates and
@@ -39,10 +41,11 @@ from slidedp.exec.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from slidedp.exec.data import Batches, open_tokens
+from slidedp.exec.data import Batches, DataOptions, open_tokens
 from slidedp.exec.dist import DistSession
 from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.engine import Engine, StepResult
+from slidedp.exec.evaluate import Evaluator
 from slidedp.exec.host_state import HostState
 from slidedp.exec.io import ModelSource, export_hf
 from slidedp.exec.metrics import MetricsLog, metrics_row
@@ -80,6 +83,11 @@ class TrainConfig:
     trace: Path | None  # Chrome trace of the last step's measured Timeline
     plan: Plan
     hardware: HardwareSpec
+    data_options: DataOptions = DataOptions()
+    eval_data: str | None = None
+    eval_every: int = 0  # 0: after the last step only
+    save_dtype: str | None = None  # the export's dtype; None: dtype
+    report_to: str = "none"  # exec/report.py: a tracker beside metrics.jsonl (the lead's)
 
     @property
     def checkpoint_root(self) -> Path:
@@ -138,7 +146,11 @@ class Trainer:
         self.lead = session is None or session.local_rank == 0
         self.wl, self.gpu_bytes, self.host_bytes, ckpt = preflight(
             cfg, source, session.world_size if session else 1)
-        data = open_tokens(cfg.data, cfg.seq, source.spec.vocab_size, source.model_dir)
+        data = open_tokens(cfg.data, cfg.seq, source.spec.vocab_size, source.model_dir,
+                           cfg.data_options)
+        eval_data = None if cfg.eval_data is None else open_tokens(
+            cfg.eval_data, cfg.seq, source.spec.vocab_size, source.model_dir, cfg.data_options,
+            role="eval")
         self.batches = Batches(data, cfg.global_batch, cfg.shuffle, cfg.seed)
         meta = reader = None
         if ckpt is not None:
@@ -172,6 +184,9 @@ class Trainer:
             hs = session.host_state(numels, copy_dtype, init=fill)
         try:
             self.engine = self._engine(hs)
+            self.evaluator = None if eval_data is None else Evaluator(
+                source.config, eval_data, hs, self.engine.device, DTYPES[cfg.dtype],
+                self.wl.accum_steps * self.wl.micro_batch, self.wl.micro_batch, session)
         except BaseException:
             hs.close()
             raise
@@ -186,7 +201,7 @@ class Trainer:
         try:
             return Engine(self.source.config, self.wl, cfg.plan, device=cfg.device,
                           dtype=DTYPES[cfg.dtype], optimizer=cfg.optimizer, host_state=hs,
-                          session=self.session)
+                          session=self.session, packed=cfg.data_options.pack)
         except SpecError as e:
             if e.where == "model config":  # name the model the user gave
                 raise SpecError(self.source.where, e.field, e.expected) from None
@@ -212,9 +227,13 @@ class Trainer:
             while self.step < cfg.steps:
                 batch = next(self.batches)
                 lr = cfg.schedule.lr(self.step)
-                self.last = self.engine.step(batch["input_ids"], batch["labels"], lr=lr)
+                self.last = self.engine.step(batch["input_ids"], batch["labels"], lr=lr,
+                                             position_ids=batch.get("position_ids"))
                 self.step += 1
                 row = metrics_row(self.step, self.last, lr, tokens)
+                if self.evaluator is not None and (self.step == cfg.steps or (
+                        cfg.eval_every and self.step % cfg.eval_every == 0)):
+                    row["eval_loss"] = self.evaluator.loss()  # every rank: a collective
                 if sess is not None and row["host_pss_bytes"] is not None:
                     row["host_pss_bytes"] = int(sess.all_reduce_sum([row["host_pss_bytes"]])[0])
                 if not self.lead:
@@ -245,5 +264,6 @@ class Trainer:
     def export(self) -> Path:
         hs = self.engine.host_state
         units = ((u, hs.unit_master(u)) for u in range(hs.n_units))
-        return export_hf(self.cfg.out / "final", self.source.config, units, dtype=self.cfg.dtype,
-                         overwrite=True)
+        return export_hf(self.cfg.out / "final", self.source.config, units,
+                         dtype=self.cfg.save_dtype or self.cfg.dtype, overwrite=True,
+                         assets_from=self.source.model_dir)

@@ -5,14 +5,18 @@ Tensors are written in BF16, FP16 or FP32 (argument, else the config's dtype, el
 are grouped into shards of at most `max_shard_bytes` (a unit is never split; a single unit larger
 than the limit gets a shard of its own); with more than one shard the files are named
 model-0000i-of-0000n.safetensors plus model.safetensors.index.json, as transformers writes them.
-A tied model writes only the embedding (transformers re-ties the head on load). The directory is
-built under a temp name and renamed into place (atomic.py).
+A tied model writes only the embedding (transformers re-ties the head on load). With
+`assets_from` (the source model directory), its tokenizer files, chat template and
+generation_config.json (ASSETS, those it has) are copied beside the weights, byte for byte, so
+that AutoTokenizer and generate() find what the source model had. The directory is built under a
+temp name and renamed into place (atomic.py).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -20,6 +24,7 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
+from slidedp.exec.dtypes import SAVE_DTYPES
 from slidedp.exec.io.atomic import atomic_dir
 from slidedp.exec.io.hf import hf_config, meta_layout
 from slidedp.exec.io.source import INDEX, SINGLE
@@ -27,8 +32,27 @@ from slidedp.exec.io.stream import SafetensorsWriter
 from slidedp.exec.layout import UnitLayout
 from slidedp.spec.errors import SpecError
 
-EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+EXPORT_DTYPES = {name: getattr(torch, name) for name in SAVE_DTYPES}
 MAX_SHARD_BYTES = 4 * 2**30
+# a model directory's files besides config and weights that a complete export carries over
+ASSETS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+          "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model",
+          "spiece.model", "chat_template.jinja", "chat_template.json", "generation_config.json")
+ASSET_DIRS = ("additional_chat_templates",)
+
+
+def copy_assets(src: Path, dst: Path) -> list[str]:
+    """Copy the ASSETS (and ASSET_DIRS) that `src` has into `dst`; their names."""
+    done = []
+    for name in ASSETS:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)  # follows the HF cache's symlinks
+            done.append(name)
+    for name in ASSET_DIRS:
+        if (src / name).is_dir():
+            shutil.copytree(src / name, dst / name)
+            done.append(name)
+    return done
 
 
 def export_dtype(config: PretrainedConfig, dtype: str | None) -> torch.dtype:
@@ -62,8 +86,10 @@ def export_hf(
     dtype: str | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     overwrite: bool = False,
+    assets_from: Path | str | None = None,
 ) -> Path:
-    """Write every unit from `unit_iter` ((u, flat FP32 vector), any order, each once) to out_dir."""
+    """Write every unit from `unit_iter` ((u, flat FP32 vector), any order, each once) to out_dir,
+    and the source directory's tokenizer and generation config when `assets_from` is given."""
     config = copy.deepcopy(hf_config(config))
     _, layout = meta_layout(config)
     dt = export_dtype(config, dtype)
@@ -96,4 +122,6 @@ def export_hf(
             (tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         config.dtype = dt
         config.to_json_file(tmp / "config.json")
+        if assets_from is not None:
+            copy_assets(Path(assets_from), tmp)
     return out_dir

@@ -1,5 +1,7 @@
 """Where the initial weights come from: a local Hugging Face model directory (config.json +
-safetensors, one file or sharded with model.safetensors.index.json) or a preset name (random
+safetensors, one file or sharded with model.safetensors.index.json), a Hugging Face model id
+("Qwen/Qwen3-4B", optionally "@revision") already in the local Hugging Face cache (its snapshot
+directory; never downloaded: huggingface_hub with local_files_only), or a preset name (random
 init, see init.py). Weights are read unit by unit into flat FP32 vectors in the layout of
 slidedp.exec.layout; only the tensors of one unit are ever materialized.
 
@@ -12,8 +14,10 @@ a file that also stores it (some exports do) has it ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -31,6 +35,7 @@ from slidedp.spec.errors import SpecError
 from slidedp.spec.model import ModelSpec, load_model
 
 INDEX = "model.safetensors.index.json"
+MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")  # org/name[@revision]
 SINGLE = "model.safetensors"
 FLOAT_DTYPES = ("F32", "BF16", "F16")
 
@@ -79,8 +84,33 @@ class ModelSource:
             yield u, self.read_unit(u)
 
 
+def cached_model_dir(name: str) -> Path | None:
+    """The local snapshot directory of Hugging Face model id `name` (org/name[@revision]) in the
+    local Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub), offline; None when `name` is an
+    existing path or no model id. SpecError for an id that is not in the cache."""
+    if Path(name).exists() or not MODEL_ID.match(name):
+        return None
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    repo, _, revision = name.partition("@")
+    try:
+        return Path(snapshot_download(repo, revision=revision or None, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise SpecError(name, "<model>", "a local model directory, a preset, or a model id in the "
+                        f"local Hugging Face cache ({constants.HF_HUB_CACHE}); it is none of these "
+                        f"(slidedp never downloads: fetch it first, e.g. `hf download {repo}`)"
+                        ) from None
+
+
 def open_model_source(name_or_dir: str | Path, seed: int = 0) -> ModelSource:
-    """A local HF model directory, or a preset name (random init drawn from `seed`)."""
+    """A local HF model directory, a model id in the local HF cache (cached_model_dir), or a
+    preset name (random init drawn from `seed`)."""
+    snapshot = cached_model_dir(str(name_or_dir))
+    if snapshot is not None:
+        source = open_model_source(snapshot, seed)
+        spec = dataclasses.replace(source.spec, name=str(name_or_dir))
+        return dataclasses.replace(source, where=f"{name_or_dir} ({snapshot})", spec=spec)
     p = Path(name_or_dir)
     is_path = p.exists() or "/" in str(name_or_dir) or str(name_or_dir).startswith(".")
     if is_path and not p.is_dir():
