@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from slidedp.graph import build_graph
-from slidedp.graph.build import team_share
 from slidedp.graph.costs import dram_bps, resource_use, task_core_share, task_durations
+from slidedp.graph.sizes import team_share
 from slidedp.graph.tasks import Kind
 from slidedp.model.predict import predict
 from slidedp.sim.resources import task_flows_spec

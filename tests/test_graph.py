@@ -12,7 +12,8 @@ from hypothesis import given
 from strategies import small_plans, small_workloads
 
 from slidedp.graph import EdgeKind, Kind, build_graph
-from slidedp.graph.build import chunk_ranges, grad_ring_sizes, shard_ranges
+from slidedp.graph.layout import grad_ring_sizes
+from slidedp.graph.sizes import chunk_ranges, shard_ranges
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan

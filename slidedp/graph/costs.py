@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slidedp.graph.build import FP32_BYTES
+from slidedp.graph.sizes import FP32_BYTES
 from slidedp.graph.tasks import COLLECTIVE_OPS, Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.segments import policy_cost, segment_costs

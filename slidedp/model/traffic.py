@@ -12,7 +12,8 @@ The two tests agree: the graph's per-kind sums equal these formulas for every ro
 
 from __future__ import annotations
 
-from slidedp.graph.build import GRAD_BYTES, PARAM_BYTES, grad_wire_bytes
+from slidedp.graph.layout import grad_wire_bytes
+from slidedp.graph.sizes import GRAD_BYTES, PARAM_BYTES
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
 
