@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from slidedp.graph import build_graph
-from slidedp.graph.costs import dram_bps, resource_use, task_core_share, task_durations
+from slidedp.graph.costs import resource_use, task_core_share, task_durations
+from slidedp.graph.rates import dram_bps
 from slidedp.graph.sizes import team_share
 from slidedp.graph.tasks import Kind
 from slidedp.model.predict import predict

@@ -26,10 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from slidedp.exec.dist.ownership import EVERY
+from slidedp.graph.kinds import COLLECTIVE_KINDS
 from slidedp.graph.tasks import EdgeKind, Kind, TaskGraph
 
 STREAM_AGENTS = ("gpu", "fabric")  # agents with a CUDA stream: the GPUs' and the comm stream
-COLLECTIVES = (Kind.ALLGATHER, Kind.REDUCE)
 
 
 class Template:
@@ -78,7 +78,7 @@ class Template:
             if self.local[s]:
                 if g.agent[s] != g.agent[d]:
                     self.preds[d].append(s)
-            elif not (kd in COLLECTIVES and self.on_gpu(s)):
+            elif not (kd in COLLECTIVE_KINDS and self.on_gpu(s)):
                 self.remote[d].append(s)
         for srcs in self.grad_src:
             srcs.sort()

@@ -31,6 +31,8 @@ class Channel(IntEnum):
 
 
 class Kind(IntEnum):
+    """Task kinds; their rules (channel, agent, duration, resources) are graph/kinds.py KINDS."""
+
     CAST = 0
     H2D = 1
     ALLGATHER = 2
@@ -46,22 +48,6 @@ class Kind(IntEnum):
     HOST_SUM = 12
     D2H = 13
     ADAM = 14
-
-    @property
-    def channel(self) -> Channel:
-        return KIND_CHANNEL[self]
-
-
-KIND_CHANNEL = {
-    Kind.CAST: Channel.UPLOAD, Kind.H2D: Channel.UPLOAD, Kind.ALLGATHER: Channel.UPLOAD,
-    Kind.ACT_OFFLOAD: Channel.ACTIVATION, Kind.ACT_RELOAD: Channel.ACTIVATION,
-    Kind.EMBED_FWD: Channel.COMPUTE, Kind.FWD: Channel.COMPUTE, Kind.HEAD_LOSS: Channel.COMPUTE,
-    Kind.RECOMPUTE: Channel.COMPUTE, Kind.BWD: Channel.COMPUTE, Kind.EMBED_BWD: Channel.COMPUTE,
-    Kind.REDUCE: Channel.REDUCTION, Kind.HOST_SUM: Channel.UPDATE,
-    Kind.D2H: Channel.DOWNLOAD, Kind.ADAM: Channel.UPDATE,
-}
-COMPUTE_KINDS = frozenset(k for k, c in KIND_CHANNEL.items() if c == Channel.COMPUTE)
-COPY_KINDS = frozenset({Kind.H2D, Kind.D2H, Kind.ACT_OFFLOAD, Kind.ACT_RELOAD})
 
 
 class EdgeKind(IntEnum):

@@ -12,13 +12,14 @@ The two tests agree: the graph's per-kind sums equal these formulas for every ro
 
 from __future__ import annotations
 
+from slidedp.graph.kinds import MOVING_KINDS
 from slidedp.graph.layout import grad_wire_bytes
 from slidedp.graph.sizes import GRAD_BYTES, PARAM_BYTES
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
 
-TRAFFIC_KINDS = {"h2d": Kind.H2D, "d2h": Kind.D2H, "allgather": Kind.ALLGATHER,
-                 "reduce": Kind.REDUCE, "act_offload": Kind.ACT_OFFLOAD, "act_reload": Kind.ACT_RELOAD}
+# per kind that moves bytes between devices (copies and collectives), its bytes under its name
+TRAFFIC_KINDS = {k.name.lower(): k for k in MOVING_KINDS}
 
 
 def layer_traffic_bytes(params: int, ranks: int, plan: Plan) -> dict[str, float]:

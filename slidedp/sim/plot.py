@@ -14,7 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from slidedp.graph.tasks import KIND_CHANNEL, Channel, Kind  # noqa: E402
+from slidedp.graph.kinds import CHANNELS  # noqa: E402
+from slidedp.graph.tasks import Channel  # noqa: E402
 from slidedp.sim.result import SimResult  # noqa: E402
 
 COLOURS = {Channel.UPLOAD: "tab:blue", Channel.ACTIVATION: "tab:purple", Channel.COMPUTE: "tab:green",
@@ -50,7 +51,7 @@ def gantt(res: SimResult, path: str | Path, window: tuple[float, float] | None =
     row = {name: i for i, name in enumerate(lanes)}
     fig, ax = plt.subplots(figsize=(14, 0.32 * len(lanes) + 1.5))
     inside = (run.finish_s > t0) & (run.start_s < t1)
-    chan = np.array([KIND_CHANNEL[Kind(k)] for k in range(len(Kind))])[g.kind]
+    chan = CHANNELS[g.kind]
     for a, name in enumerate(g.agents):
         for c in Channel:
             m = inside & (g.agent == a) & (chan == c)

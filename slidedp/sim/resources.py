@@ -63,12 +63,12 @@ from functools import partial
 
 import numpy as np
 
-from slidedp.graph.costs import ResourceUse, grad_bytes
+from slidedp.graph.costs import ResourceUse
+from slidedp.graph.kinds import COLLECTIVE_KINDS, COPY_KINDS, KINDS
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
 
 REL_EPS = 1e-12
-COPY_KINDS = frozenset(int(k) for k in (Kind.H2D, Kind.D2H, Kind.ACT_RELOAD, Kind.ACT_OFFLOAD))
 
 
 @dataclass
@@ -160,19 +160,20 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     once.
 
     Demands are draws / duration; draws on a `.cores` pool become the pool index (stage 1).
-    Collectives add `collective_sm_fraction` of each rank's compute stream.
+    Collectives add `collective_sm_fraction` of each rank's compute stream. The rate curve and
+    the weight are the kind's (graph/kinds.py KindRule.rate, .weight).
     """
     names = use.names
     pools = {i for i, n in enumerate(names) if n.endswith(".cores")}
     compute_of = [names.index(f"gpu{r}.compute") for r in range(g.n_ranks)]
-    gb = grad_bytes(g)
-    curves = {int(Kind.ADAM): lambda threads: hw.host.adam_rate(threads, gb)}
-    cast_curves: dict[float, Callable[[float], float]] = {}  # chunk elements -> its thread curve
-    cast_weight = hw.host.cast_weight(g.meta.teams_chunk_bytes)
+    rules = [KINDS[k] for k in Kind]  # Kind values are 0..14
+    weights = [1.0 if r.weight is None else r.weight(hw, g) for r in rules]
+    curves: dict[tuple[int, float], Callable[[float], float]] = {}  # (kind, work) -> curve
     work = g.work.tolist()
-    coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
+    coll = {int(k) for k in COLLECTIVE_KINDS}
+    copies = {int(k) for k in COPY_KINDS}
     # the copies' draw on the CPU kernels' cap where the slowdown stands for it (stage 3; the
-    # draw is the analytic bound's linear part of it, costs.py)
+    # draw is the analytic bound's linear part of it, graph/flat_host.py)
     kernel_dram = use.kernel_dram if use.dma_slowdown_bps > 0 else -1
     ptr, res, amt = use.ptr.tolist(), use.res.tolist(), use.amount.tolist()
     kinds, dur = g.kind.tolist(), durations.tolist()
@@ -185,14 +186,12 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
                 j = res[i]
                 if j in pools:
                     pool = j
-                elif amt[i] > 0 and not (j == kernel_dram and k in COPY_KINDS):
+                elif amt[i] > 0 and not (j == kernel_dram and k in copies):
                     uses.append((j, amt[i] / d))
             if k in coll and collective_sm_fraction > 0:
                 uses += [(j, collective_sm_fraction) for j in compute_of]
-        if k == Kind.CAST:  # the chunk size's thread curve (HostSpec.cast_rate)
-            curve = cast_curves.setdefault(work[v], partial(hw.host.cast_rate,
-                                                             chunk_elems=work[v]))
-        else:
-            curve = curves.get(k)
-        specs.append((uses, pool, curve, cast_weight if k == Kind.CAST else 1.0))
+        rate = rules[k].rate
+        curve = None if rate is None else curves.setdefault(
+            (k, work[v]), partial(rate, hw, g, work=work[v]))
+        specs.append((uses, pool, curve, weights[k]))
     return specs
