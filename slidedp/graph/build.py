@@ -140,7 +140,7 @@ class Builder:
                 self.gate(src, lo, hi, gates)
             for r in owners[(lo, hi)]:
                 v = rec.task(Kind.H2D, t, u, r, len(h2ds[r]), self.h2d[r], (hi - lo) * PARAM_BYTES,
-                             lo, hi, buffer=slot)
+                             lo, hi, buffer=slot, staging_slot=i if src >= 0 else -1)
                 rec.edges(slot_readers[r], v, BUFFER)
                 if src >= 0:
                     rec.edge(src, v, DATA)
@@ -167,11 +167,12 @@ class Builder:
         reads; a HOST_SUM keeps the sum in its own accumulator)."""
         a = self.rec.task(Kind.ADAM, c.t, c.unit, -1, c.k, self.update[c.worker],
                           c.hi - c.lo + c.extra, c.lo, c.hi, threads=self.worker_threads,
-                          buffer=c.slot, rows=c.rows)
+                          buffer=c.slot, rows=c.rows, ring=c.ring)
         if c.src >= 0:
             self.rec.edge(c.src, a, DATA)
+            self.rec.read_by(c.src, a)
             if self.rec.kind_of(c.src) == Kind.D2H:
-                c.ring.readers[c.slot].append(a)
+                self.d2h_rings[c.ring].readers[c.slot].append(a)
         return a
 
     def reduce_and_update(self, t: int, u: int, bwd: list[int], gbuf: tuple | None,
@@ -201,7 +202,8 @@ class Builder:
             for r in range(R) if summed else [w // plan.update_workers if self.scatter else 0]:
                 i, prev = self.d2h_rings[(r, w)].take()
                 v = rec.task(Kind.D2H, t, u, r, p.first_chunk + k, self.d2h[r],
-                             (hi - lo) * self.wire * p.scale, lo, hi, buffer=i, rows=p.rows)
+                             (hi - lo) * self.wire * p.scale, lo, hi, buffer=i, rows=p.rows,
+                             ring=(r, w))
                 rec.edge(red if red >= 0 else bwd[r], v, DATA)
                 rec.edges(prev, v, BUFFER)
                 grad_readers[r].append(v)
@@ -210,12 +212,13 @@ class Builder:
             if len(downs) > 1:
                 src = rec.task(Kind.HOST_SUM, t, u, -1, p.first_chunk + k, self.update[w],
                                (hi - lo) * host_sum_bytes_per_elem(len(downs)) * p.scale, lo, hi,
-                               threads=self.worker_threads, buffer=i, rows=p.rows)
+                               threads=self.worker_threads, buffer=i, rows=p.rows, ring=(r0, w))
                 for r, v, j in downs:
                     rec.edge(v, src, DATA)
+                    rec.read_by(v, src)
                     self.d2h_rings[(r, w)].readers[j].append(src)
-            c = GradChunk(t, u, p.first_chunk + k, w, lo, hi, src, self.d2h_rings[(r0, w)], i,
-                          p.rows, round((p.extra + p.scale - 1.0) * (hi - lo)))
+            c = GradChunk(t, u, p.first_chunk + k, w, lo, hi, src, (r0, w), i, p.rows,
+                          round((p.extra + p.scale - 1.0) * (hi - lo)))
             yield None if any(f.hold_chunk(c) for f in self.features) else (self.adam(c), lo, hi)
         if gbuf is not None:
             for r in range(R):

@@ -18,7 +18,8 @@ from slidedp.graph.tasks import EdgeKind, GraphMeta, TaskGraph
 COLUMNS = {"kind": np.int8, "iteration": np.int32, "unit": np.int32, "rank": np.int32,
            "chunk": np.int32, "agent": np.int32, "work": np.float64, "elem_lo": np.int64,
            "elem_hi": np.int64, "threads": np.float64, "op": np.int8, "buffer": np.int32,
-           "rows": bool}
+           "rows": bool, "staging_slot": np.int32, "ring_rank": np.int32, "ring_worker": np.int32,
+           "grad_reader": np.int64}
 
 
 class Recorder:
@@ -42,11 +43,16 @@ class Recorder:
         return a
 
     def task(self, kind, it, unit, rank, chunk, agent, work, lo=-1, hi=-1, threads=0.0, op=-1,
-             buffer=-1, rows=False) -> int:
-        """Append a task on `agent` after the agent's previous one (ORDER); its id."""
+             buffer=-1, rows=False, staging_slot=-1, ring=(-1, -1)) -> int:
+        """Append a task on `agent` after the agent's previous one (ORDER); its id. The
+        TaskGraph fields say what buffer, staging_slot and ring = (ring_rank, ring_worker) are."""
         c = self.cols
         c["buffer"].append(buffer)
         c["rows"].append(rows)
+        c["staging_slot"].append(staging_slot)
+        c["ring_rank"].append(ring[0])
+        c["ring_worker"].append(ring[1])
+        c["grad_reader"].append(-1)
         c["kind"].append(int(kind))
         c["iteration"].append(it)
         c["unit"].append(unit)
@@ -68,6 +74,10 @@ class Recorder:
 
     def kind_of(self, v: int) -> int:
         return self.cols["kind"][v]
+
+    def read_by(self, producer: int, reader: int) -> None:
+        """`reader` reads the gradient chunk `producer` wrote (TaskGraph.grad_reader)."""
+        self.cols["grad_reader"][producer] = reader
 
     def edge(self, src: int, dst: int, kind: EdgeKind, gate: bool = False):
         self.es.append(src)
@@ -141,7 +151,7 @@ class GradChunk:
     lo: int
     hi: int
     src: int  # its D2H or HOST_SUM (-1: no gradient comes, the ADAM reads zeros)
-    ring: Ring | None  # the host ring that holds it (the source rank's)
-    slot: int  # its slot in `ring` (-1: none)
+    ring: tuple[int, int]  # the host ring (rank, worker) that holds it (the source rank's)
+    slot: int  # its slot in that ring (-1: none)
     rows: bool = False
     extra: int = 0  # ADAM work beyond the chunk's elements

@@ -54,7 +54,7 @@ class DeferredUpdate(Feature):
             for c in chunks:
                 a = b.adam(c)
                 if b.rec.kind_of(c.src) != Kind.D2H:  # the sum waits in the ring for its ADAM
-                    c.ring.readers[c.slot].append(a)
+                    b.d2h_rings[c.ring].readers[c.slot].append(a)
                 if c.worker not in workers:  # its first ADAM: the later ones follow it (ORDER)
                     workers.add(c.worker)
                     b.rec.edges([p for p in producers if p != c.src], a, EdgeKind.DATA)

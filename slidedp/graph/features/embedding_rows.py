@@ -123,7 +123,7 @@ class EmbeddingRows(Feature):
         if self.tied:
             return
         for k, (w, lo, hi) in enumerate(b.grad_plans[0]):
-            a = b.adam(GradChunk(t, 0, k, w, lo, hi, -1, None, -1,
+            a = b.adam(GradChunk(t, 0, k, w, lo, hi, -1, (-1, -1), -1,
                                  extra=round(self.bulk_extra * (hi - lo))))
             b.rec.edges(self.prev + b.step.emb_fwd, a, DATA)
             self.bulk.append((a, lo, hi))
@@ -189,7 +189,8 @@ class EmbeddingRows(Feature):
             b.gate(src, lo, hi, rows_adams)
             for r in range(b.R):
                 v = rec.task(Kind.H2D, t, 0, r, k0 + len(h2ds[r]), b.h2d[r],
-                             (hi - lo) * PARAM_BYTES * self.fill, lo, hi, buffer=b.W, rows=True)
+                             (hi - lo) * PARAM_BYTES * self.fill, lo, hi, buffer=b.W, rows=True,
+                             staging_slot=i)
                 rec.edge(src, v, DATA)
                 rec.edges(self.next_bulk[r], v, EdgeKind.BUFFER)
                 b.staging.readers[i].append(v)
