@@ -68,12 +68,12 @@ class GraphMeta:
 
     cast_threads: float | None = None  # threads of the cast team (None: no team sizes)
     update_threads: float | None = None  # threads of all update workers together
-    teams_chunk_bytes: float | None = None  # build.teams_chunk_bytes (None: whole buffers)
+    teams_chunk_bytes: float | None = None  # layout.teams_chunk_bytes (None: whole buffers)
     update_workers: int = 1  # update workers in all (per process times processes when scattered)
     sharded_upload: bool = False  # each rank uploads its 1/R shard, then ALLGATHER
     scatter_update: bool = False  # the update is sharded over the ranks' processes
-    cast_share: float = 1.0  # build.team_share of the cast team
-    update_share: float = 1.0  # build.team_share of one update worker's team
+    cast_share: float = 1.0  # sizes.team_share of the cast team
+    update_share: float = 1.0  # sizes.team_share of one update worker's team
     grad_ring_chunks: dict = field(default_factory=dict)  # (rank, worker) -> ring slots
     recompute_hbm_bytes: dict = field(default_factory=dict)  # layer -> recompute's HBM bytes
     adam_writes_copy: bool = False  # each ADAM also writes the BF16 copy (host_bf16_copy)

@@ -1,28 +1,22 @@
 """GPU and host memory footprints of a plan, and the feasibility check run before anything allocates.
 
-GPU, per rank (bytes):
+GPU, per rank (bytes), the base terms:
   window        window_slots x largest decoder layer x 2        (BF16 slots)
   resident      embedding + head unit, x 2                      (their own slots)
   grad_buffers  grad_buffers x largest layer x 2 + embedding and head gradients x 2
-  checkpoints   (1 - r) x sum over layers of tokens per GPU step x retained bytes per token
-                of the layer's policy (spec/segments.py; whole-layer checkpoint: hidden x 2)
-  reload        reload_ahead_layers x r x the largest layer's kept activations
+  checkpoints   sum over layers of tokens per GPU step x retained bytes per token of the layer's
+                policy (spec/segments.py; whole-layer checkpoint: hidden x 2)
   transient     one micro-batch's recompute + backward of one layer: the max over layers of
                 tokens per micro-batch x the policy's transient bytes per token
   loss          LOSS_CHUNK_TOKENS x vocab x 4 x 2 (FP32 logits of one chunk and their gradient)
-  embedding_rows  with plan.embedding_rows: the looked-up rows' compact gradient (row capacity x
-                hidden x 2) and one upload chunk
   d2h_widen     one gradient chunk widened to FP32 before its download or its norm (chunk
-                elements x 4; a chunk holds d2h_chunk_mib of wire bytes, graph.build.grad_wire_bytes),
-                and with BF16 downloads of a tied split embedding one more BF16 chunk
+                elements x 4; a chunk holds d2h_chunk_mib of wire bytes, graph.layout.grad_wire_bytes)
   runtime       CUDA context and allocator slack (estimate)
-Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
-with host_bf16_copy, pinned staging rings (the upload ring and the gradient rings of
-graph.build.grad_ring_sizes: with defer_update those hold a whole iteration's FP32 gradient,
-~2 or ~4 x parameters: graph.build.grad_wire_bytes), offloaded activations of every rank, the
-embedding rows' buffers (three FP32 row chunks per update worker, one FP32 and one zero chunk; an
-ADAM chunk holds d2h_chunk_mib of wire bytes, so twice the MiB in FP32 when gradients come as
-BF16), and a runtime allowance per rank process (estimate).
+Host (bytes): state (12 x parameters: FP32 master, Adam m and v, one copy per host), bf16_copy
+(+ 2 x parameters with host_bf16_copy), staging (the pinned upload ring and the gradient rings of
+graph.layout.grad_ring_sizes) and a runtime allowance per rank process (estimate).
+Each registered plan feature (graph/features/) then adds its own terms or adjusts these, in
+place (Feature.gpu_memory, Feature.host_memory): its docstring says which.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 For a unit of P parameters, R ranks, q = 2 bytes per parameter on the wire, G = 2P gradient bytes
 on the GPU (BF16: what REDUCE moves) and G' = wP gradient bytes on the wire back, w =
-graph.build.grad_wire_bytes (2: BF16, widened by the CPU update in cache, plan.grad_widen = host;
-4: widened to FP32 on the GPU, and always on the cpu route with R > 1), per delivery (forward, and
+graph.layout.grad_wire_bytes (2: BF16, widened by the CPU update in cache; 4: widened to FP32 on
+the GPU, and always on the cpu route with R > 1), per delivery (forward, and
 again in backward unless the layer is still in the window):
     H2D        replicated R * q * P        sharded q * P        (+ ALLGATHER of q * P on the GPUs)
     D2H        gpu route  G'               cpu route R * G'     (+ REDUCE of G on the GPUs, gpu route)

@@ -5,8 +5,9 @@ ACT_OFFLOAD of r x what layer l's policy retains (tokens per GPU step x its reta
 the rank's D2H agent, after the task that produces the last of it: the producer of the layer's
 input when the policy keeps the input alone ("layer", seg:0b0000000), else FWD(l). ACT_RELOAD on
 the rank's H2D agent before RECOMPUTE(l) (or BWD(l)), into reload buffer l % reload_ahead_layers,
-which BWD(l + reload_ahead_layers) frees: at most that many layers ahead. Memory: r of the
-checkpoints leave the GPU for the host; the reload buffers hold the largest layer's share.
+which BWD(l + reload_ahead_layers) frees: at most that many layers ahead.
+Memory terms: GPU checkpoints x (1 - r), reload = reload_ahead_layers x r x the largest layer's
+kept activations; host act_offload = every rank's r x kept activations.
 """
 
 from __future__ import annotations
