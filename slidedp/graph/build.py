@@ -29,9 +29,9 @@ from slidedp.spec.segments import policy_cost
 from slidedp.spec.units import MIB
 from slidedp.spec.workload import Workload
 
-# imported from here by the executor (exec/engine.py, exec/dist/)
-__all__ = ["FP32_BYTES", "Builder", "GradChunk", "GradPath", "build_graph",
-           "host_sum_bytes_per_elem", "shard_ranges", "update_shards"]
+# with the sizes the executor imports from here (exec/engine.py, exec/dist/)
+__all__ = ["FP32_BYTES", "Builder", "build_graph", "host_sum_bytes_per_elem", "shard_ranges",
+           "update_shards"]
 
 DATA, BUFFER = EdgeKind.DATA, EdgeKind.BUFFER
 _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}
