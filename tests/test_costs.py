@@ -1,7 +1,7 @@
-"""graph/costs.py's CAST durations: the hardware's cast rate by chunk size when it has
-host.cast_chunk_gelem_per_s (interpolated in log chunk size), else the thread curve; the
-simulator's core-sharing curve follows the same chunk size. RECOMPUTE durations with and without
-policy sac's measured recompute."""
+"""CAST durations (graph/kinds.py, through costs.task_durations): the hardware's cast rate by
+chunk size when it has host.cast_chunk_gelem_per_s (interpolated in log chunk size), else the
+thread curve; the simulator's core-sharing curve follows the same chunk size. RECOMPUTE
+durations with and without policy sac's measured recompute."""
 
 from __future__ import annotations
 

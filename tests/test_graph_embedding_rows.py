@@ -1,5 +1,5 @@
 """plan.embedding_rows in the task graph: the embedding's update split into a bulk during the
-backward and the looked-up rows after EMBED_BWD (graph/build.py, "embedding rows")."""
+backward and the looked-up rows after EMBED_BWD (graph/features/embedding_rows.py)."""
 
 from __future__ import annotations
 

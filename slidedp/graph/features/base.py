@@ -1,7 +1,8 @@
 """What a plan feature can change: the hooks of the graph builder and of the memory model.
 
-A feature is a subclass of Feature in a module of its own, registered in one line of
-slidedp/graph/features/__init__.py. Three kinds of hooks, each a no-op here:
+A feature is a subclass of Feature in a module of its own, registered in
+slidedp/graph/features/__init__.py (its import and its entry in FEATURES). Three kinds of hooks,
+each a no-op here:
 
 plan-level rules (static; asked only of the features whose `applies(plan)` holds)
     grad_wire_bytes   bytes per element of a downloaded gradient chunk (graph/layout.py)
@@ -29,6 +30,7 @@ this order within iteration t:
                                  feature's) answer
 and, whenever the base gradient path has a chunk ready for its ADAM:
     hold_chunk(chunk)            True: the feature issues that chunk's ADAM later itself
+and at the end, meta(): the GraphMeta fields the feature sets.
 """
 
 from __future__ import annotations
