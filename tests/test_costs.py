@@ -1,7 +1,7 @@
-"""graph/costs.py's CAST durations: the hardware's cast rate by chunk size when it has
-host.cast_chunk_gelem_per_s (interpolated in log chunk size), else the thread curve; the
-simulator's core-sharing curve follows the same chunk size. RECOMPUTE durations with and without
-policy sac's measured recompute."""
+"""CAST durations (graph/kinds.py, through costs.task_durations): the hardware's cast rate by
+chunk size when it has host.cast_chunk_gelem_per_s (interpolated in log chunk size), else the
+thread curve; the simulator's core-sharing curve follows the same chunk size. RECOMPUTE
+durations with and without policy sac's measured recompute."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from slidedp.graph import build_graph
-from slidedp.graph.build import team_share
-from slidedp.graph.costs import dram_bps, resource_use, task_core_share, task_durations
+from slidedp.graph.costs import resource_use, task_core_share, task_durations
+from slidedp.graph.rates import dram_bps
+from slidedp.graph.sizes import team_share
 from slidedp.graph.tasks import Kind
 from slidedp.model.predict import predict
 from slidedp.sim.resources import task_flows_spec

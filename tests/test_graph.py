@@ -9,10 +9,12 @@ import networkx as nx
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 from strategies import small_plans, small_workloads
 
 from slidedp.graph import EdgeKind, Kind, build_graph
-from slidedp.graph.build import chunk_ranges, grad_ring_sizes, shard_ranges
+from slidedp.graph.layout import grad_ring_sizes
+from slidedp.graph.sizes import chunk_ranges, shard_ranges
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
@@ -124,6 +126,34 @@ def _d2h_ancestors(g, d2h: np.ndarray) -> list[int]:
 def _adam_workers(g, t: int) -> list[int]:
     names = [int(n.removeprefix("cpu.update")) if n.startswith("cpu.update") else -1 for n in g.agents]
     return [names[a] for a in g.agent[(g.kind == Kind.ADAM) & (g.iteration == t)].tolist()]
+
+
+@given(small_workloads(), small_plans(), st.booleans())
+def test_buffer_fields_name_each_chunks_path(wl, plan, rows):
+    """The explicit buffer fields agree with the edges: an H2D copies from the staging slot its
+    CAST wrote, a D2H or HOST_SUM names the task reading its chunk (a DATA successor over the
+    same range), ring keys exist and slots fit their rings."""
+    plan = replace(plan, embedding_rows=rows)
+    g = build_graph(wl, plan, cores=8, iterations=2)
+    data = g.edge_kind == EdgeKind.DATA
+    succ = {(s, d) for s, d in zip(g.edge_src[data].tolist(), g.edge_dst[data].tolist(), strict=True)}
+    cast_of = {d: s for s, d in succ if g.kind[s] == Kind.CAST and g.kind[d] == Kind.H2D}
+    rings = g.meta.grad_ring_chunks
+    for v in np.flatnonzero(g.kind == Kind.H2D).tolist():
+        casts = [cast_of[v]] if v in cast_of else []
+        assert g.staging_slot[v] == (g.buffer[casts[0]] if casts else -1), g.label(v)
+    for v in np.flatnonzero(np.isin(g.kind, [Kind.D2H, Kind.HOST_SUM])).tolist():
+        a = int(g.grad_reader[v])
+        assert (v, a) in succ and g.kind[a] in (Kind.HOST_SUM, Kind.ADAM), g.label(v)
+        assert (g.unit[a], g.elem_lo[a], g.elem_hi[a], g.rows[a]) == (
+            g.unit[v], g.elem_lo[v], g.elem_hi[v], g.rows[v])
+    for v in np.flatnonzero(np.isin(g.kind, [Kind.D2H, Kind.HOST_SUM, Kind.ADAM])).tolist():
+        key = (int(g.ring_rank[v]), int(g.ring_worker[v]))
+        if g.buffer[v] >= 0:
+            assert 0 <= g.buffer[v] < rings[key], g.label(v)
+        if g.kind[v] == Kind.D2H:
+            assert key[0] == g.rank[v]
+    assert (g.grad_reader[~np.isin(g.kind, [Kind.D2H, Kind.HOST_SUM])] == -1).all()
 
 
 def test_chunk_and_shard_ranges():

@@ -1,5 +1,5 @@
 """plan.embedding_rows in the task graph: the embedding's update split into a bulk during the
-backward and the looked-up rows after EMBED_BWD (graph/build.py, "embedding rows")."""
+backward and the looked-up rows after EMBED_BWD (graph/features/embedding_rows.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from strategies import small_plans, small_workloads
 
 from slidedp.graph import Kind, build_graph
-from slidedp.graph.build import looked_up_rows, row_capacity
+from slidedp.graph.features.embedding_rows import looked_up_rows, row_capacity
 from slidedp.model.predict import predict
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model

@@ -13,12 +13,13 @@ process of rank `rank`:
     grad_src[v]     HOST_SUM / ADAM: the gradient chunks it reads, as (ring key (rank, worker),
                     ring slot), in rank order; for ADAM after a HOST_SUM, rank 0's chunk, where
                     the sum is with defer_update (else it reads HOST_SUM's accumulator: summed[v])
+    h2d_src[v]      H2D: the staging-ring slot its CAST wrote (-1: it reads the host copy)
     worker[v]       D2H, HOST_SUM, ADAM: the update worker whose ring / accumulator it uses
     norm_slot[v]    a producer of an aggregated gradient chunk (a D2H read by ADAM directly, or
                     a HOST_SUM): its index among them, in id order (where its squared norm goes)
-A D2H / HOST_SUM -> ADAM DATA edge is a chunk's own path when both cover the same (unit, first
-element); the others are defer_update's "every chunk is in" edges (graph/build.py).
-ORDER edges are the walk itself; a DATA or BUFFER edge between two local tasks of one agent is too.
+The roles come from the tasks' own fields (TaskGraph.staging_slot, ring_rank, ring_worker,
+buffer, grad_reader). ORDER edges are the walk itself; a DATA or BUFFER edge between two local
+tasks of one agent is too.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 
 from slidedp.exec.dist.ownership import EVERY
+from slidedp.graph.kinds import COLLECTIVE_KINDS
 from slidedp.graph.tasks import EdgeKind, Kind, TaskGraph
 
 STREAM_AGENTS = ("gpu", "fabric")  # agents with a CUDA stream: the GPUs' and the comm stream
-COLLECTIVES = (Kind.ALLGATHER, Kind.REDUCE)
 
 
 class Template:
@@ -48,29 +49,18 @@ class Template:
         self.publish = [False] * self.n
         self.grad_src: list[list[tuple[tuple[int, int], int]]] = [[] for _ in range(self.n)]
         self.summed = [False] * self.n  # ADAM after a HOST_SUM
-        self.h2d_src = [-1] * self.n  # H2D: staging chunk its CAST wrote
+        self.h2d_src = [-1] * self.n  # H2D: the staging slot its CAST wrote
         self.worker = [-1] * self.n
         worker_of_agent = {a: int(n.removeprefix("cpu.update")) for a, n in enumerate(g.agents)
                            if n.startswith("cpu.update")}
         for v in range(self.n):
             self.worker[v] = worker_of_agent.get(int(g.agent[v]), -1)
         producer = [k == Kind.HOST_SUM for k in self.kind]
+        self._chunk_roles(producer)
         edges = zip(g.edge_src.tolist(), g.edge_dst.tolist(), g.edge_kind.tolist(), strict=True)
         for s, d, k in edges:
             if k == EdgeKind.ORDER:
                 continue
-            ks, kd = self.kind[s], self.kind[d]
-            if ks == Kind.CAST and kd == Kind.H2D:
-                self.h2d_src[d] = int(g.buffer[s])
-            own = (k == EdgeKind.DATA and g.unit[s] == g.unit[d] and g.rows[s] == g.rows[d]
-                   and g.elem_lo[s] == g.elem_lo[d])
-            if ks == Kind.D2H and own:
-                self.worker[s] = self.worker[d]
-                self.grad_src[d].append(((int(g.rank[s]), self.worker[d]), int(g.buffer[s])))
-                producer[s] = kd == Kind.ADAM
-            if ks == Kind.HOST_SUM and kd == Kind.ADAM and own:
-                self.summed[d] = True
-                self.grad_src[d].append(((0, self.worker[d]), int(g.buffer[d])))
             if self.local[s] and not self.local[d]:
                 self.publish[s] = True
             if not self.local[d]:
@@ -78,7 +68,7 @@ class Template:
             if self.local[s]:
                 if g.agent[s] != g.agent[d]:
                     self.preds[d].append(s)
-            elif not (kd in COLLECTIVES and self.on_gpu(s)):
+            elif not (self.kind[d] in COLLECTIVE_KINDS and self.on_gpu(s)):
                 self.remote[d].append(s)
         for srcs in self.grad_src:
             srcs.sort()
@@ -86,6 +76,24 @@ class Template:
         for j, v in enumerate(v for v in range(self.n) if producer[v]):
             self.norm_slot[v] = j
         self.n_norm = sum(producer)
+
+    def _chunk_roles(self, producer: list[bool]) -> None:
+        """h2d_src, the D2Hs' workers, grad_src and summed, from the tasks' buffer fields."""
+        g = self.g
+        staging, slot = g.staging_slot.tolist(), g.buffer.tolist()
+        ring_rank, ring_worker, reader = (g.ring_rank.tolist(), g.ring_worker.tolist(),
+                                          g.grad_reader.tolist())
+        for v, k in enumerate(self.kind):
+            if k == Kind.H2D:
+                self.h2d_src[v] = staging[v]
+            elif k == Kind.D2H:
+                self.worker[v] = ring_worker[v]
+                self.grad_src[reader[v]].append(((ring_rank[v], ring_worker[v]), slot[v]))
+                producer[v] = self.kind[reader[v]] == Kind.ADAM
+            elif k == Kind.HOST_SUM:
+                a = reader[v]
+                self.summed[a] = True
+                self.grad_src[a].append(((ring_rank[a], ring_worker[a]), slot[a]))
 
     def on_gpu(self, v: int) -> bool:
         return self.is_gpu_agent[int(self.g.agent[v])]

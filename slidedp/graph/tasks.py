@@ -31,6 +31,8 @@ class Channel(IntEnum):
 
 
 class Kind(IntEnum):
+    """Task kinds; their rules (channel, agent, duration, resources) are graph/kinds.py KINDS."""
+
     CAST = 0
     H2D = 1
     ALLGATHER = 2
@@ -46,22 +48,6 @@ class Kind(IntEnum):
     HOST_SUM = 12
     D2H = 13
     ADAM = 14
-
-    @property
-    def channel(self) -> Channel:
-        return KIND_CHANNEL[self]
-
-
-KIND_CHANNEL = {
-    Kind.CAST: Channel.UPLOAD, Kind.H2D: Channel.UPLOAD, Kind.ALLGATHER: Channel.UPLOAD,
-    Kind.ACT_OFFLOAD: Channel.ACTIVATION, Kind.ACT_RELOAD: Channel.ACTIVATION,
-    Kind.EMBED_FWD: Channel.COMPUTE, Kind.FWD: Channel.COMPUTE, Kind.HEAD_LOSS: Channel.COMPUTE,
-    Kind.RECOMPUTE: Channel.COMPUTE, Kind.BWD: Channel.COMPUTE, Kind.EMBED_BWD: Channel.COMPUTE,
-    Kind.REDUCE: Channel.REDUCTION, Kind.HOST_SUM: Channel.UPDATE,
-    Kind.D2H: Channel.DOWNLOAD, Kind.ADAM: Channel.UPDATE,
-}
-COMPUTE_KINDS = frozenset(k for k, c in KIND_CHANNEL.items() if c == Channel.COMPUTE)
-COPY_KINDS = frozenset({Kind.H2D, Kind.D2H, Kind.ACT_OFFLOAD, Kind.ACT_RELOAD})
 
 
 class EdgeKind(IntEnum):
@@ -82,12 +68,12 @@ class GraphMeta:
 
     cast_threads: float | None = None  # threads of the cast team (None: no team sizes)
     update_threads: float | None = None  # threads of all update workers together
-    teams_chunk_bytes: float | None = None  # build.teams_chunk_bytes (None: whole buffers)
+    teams_chunk_bytes: float | None = None  # layout.teams_chunk_bytes (None: whole buffers)
     update_workers: int = 1  # update workers in all (per process times processes when scattered)
     sharded_upload: bool = False  # each rank uploads its 1/R shard, then ALLGATHER
     scatter_update: bool = False  # the update is sharded over the ranks' processes
-    cast_share: float = 1.0  # build.team_share of the cast team
-    update_share: float = 1.0  # build.team_share of one update worker's team
+    cast_share: float = 1.0  # sizes.team_share of the cast team
+    update_share: float = 1.0  # sizes.team_share of one update worker's team
     grad_ring_chunks: dict = field(default_factory=dict)  # (rank, worker) -> ring slots
     recompute_hbm_bytes: dict = field(default_factory=dict)  # layer -> recompute's HBM bytes
     adam_writes_copy: bool = False  # each ADAM also writes the BF16 copy (host_bf16_copy)
@@ -111,9 +97,10 @@ class TaskGraph:
     elem_hi: np.ndarray  # int64, one past the last
     threads: np.ndarray  # float64, CPU threads a CPU task uses (0 for GPU tasks)
     op: np.ndarray  # int8, collective op index into COLLECTIVE_OPS (-1: n/a)
-    # int32 buffer index (-1: n/a): CAST staging-ring slot; H2D / ALLGATHER GPU slot (layers
-    # 0..W-1, embedding W, head W+1); D2H, HOST_SUM, ADAM host gradient staging slot of the
-    # (rank, update worker) ring; BWD gradient buffer; ACT_RELOAD reload buffer
+    # int32, the buffer a task writes or reads, by kind (-1: n/a): CAST the staging-ring slot
+    # it writes; H2D / ALLGATHER the GPU slot (layers 0..W-1, embedding W, head W+1); D2H,
+    # HOST_SUM, ADAM the slot of the host gradient ring (ring_rank, ring_worker); BWD the GPU
+    # gradient buffer; ACT_RELOAD the reload buffer
     buffer: np.ndarray
     edge_src: np.ndarray
     edge_dst: np.ndarray
@@ -128,10 +115,26 @@ class TaskGraph:
     # bool per task: a task of the embedding's looked-up rows (plan.embedding_rows), whose
     # elem_lo / elem_hi index the compact rows x hidden buffer, not the embedding (None: none)
     rows: np.ndarray | None = None
+    # int32, H2D: the staging-ring slot it copies from (its CAST's buffer; -1: it reads the
+    # host's BF16 copy, or not an H2D)
+    staging_slot: np.ndarray | None = None
+    # int32, D2H, HOST_SUM, ADAM: the host gradient ring (rank, update worker) of its `buffer`
+    # slot: the ring a D2H writes, the source rank's ring whose chunk an ADAM reads (rank 0's
+    # after a HOST_SUM, which adds the ranks' chunks there); -1: n/a
+    ring_rank: np.ndarray | None = None
+    ring_worker: np.ndarray | None = None
+    # int64, D2H and HOST_SUM: the task that reads the gradient chunk it produced, on the
+    # chunk's own path (its HOST_SUM, or its ADAM); -1: n/a
+    grad_reader: np.ndarray | None = None
 
     def __post_init__(self):
+        n = len(self.kind)
         if self.rows is None:
-            self.rows = np.zeros(len(self.kind), bool)
+            self.rows = np.zeros(n, bool)
+        for name, dtype in (("staging_slot", np.int32), ("ring_rank", np.int32),
+                            ("ring_worker", np.int32), ("grad_reader", np.int64)):
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(n, -1, dtype))
 
     @property
     def n_tasks(self) -> int:

@@ -19,7 +19,8 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from slidedp.graph.tasks import KIND_CHANNEL, Kind
+from slidedp.graph.kinds import KINDS
+from slidedp.graph.tasks import Kind
 
 
 def union_intervals(intervals) -> list[tuple[float, float]]:
@@ -51,7 +52,7 @@ class Record:
 
     @property
     def channel(self) -> str:
-        return KIND_CHANNEL[Kind[self.kind]].name
+        return KINDS[Kind[self.kind]].channel.name
 
     def shifted(self, dt_s: float) -> Record:
         """The record `dt_s` seconds later, its issue interval too."""

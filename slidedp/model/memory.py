@@ -1,33 +1,28 @@
 """GPU and host memory footprints of a plan, and the feasibility check run before anything allocates.
 
-GPU, per rank (bytes):
+GPU, per rank (bytes), the base terms:
   window        window_slots x largest decoder layer x 2        (BF16 slots)
   resident      embedding + head unit, x 2                      (their own slots)
   grad_buffers  grad_buffers x largest layer x 2 + embedding and head gradients x 2
-  checkpoints   (1 - r) x sum over layers of tokens per GPU step x retained bytes per token
-                of the layer's policy (spec/segments.py; whole-layer checkpoint: hidden x 2)
-  reload        reload_ahead_layers x r x the largest layer's kept activations
+  checkpoints   sum over layers of tokens per GPU step x retained bytes per token of the layer's
+                policy (spec/segments.py; whole-layer checkpoint: hidden x 2)
   transient     one micro-batch's recompute + backward of one layer: the max over layers of
                 tokens per micro-batch x the policy's transient bytes per token
   loss          LOSS_CHUNK_TOKENS x vocab x 4 x 2 (FP32 logits of one chunk and their gradient)
-  embedding_rows  with plan.embedding_rows: the looked-up rows' compact gradient (row capacity x
-                hidden x 2) and one upload chunk
   d2h_widen     one gradient chunk widened to FP32 before its download or its norm (chunk
-                elements x 4; a chunk holds d2h_chunk_mib of wire bytes, graph.build.grad_wire_bytes),
-                and with BF16 downloads of a tied split embedding one more BF16 chunk
+                elements x 4; a chunk holds d2h_chunk_mib of wire bytes, graph.layout.grad_wire_bytes)
   runtime       CUDA context and allocator slack (estimate)
-Host (bytes): 12 x parameters (FP32 master, Adam m and v: one copy per host), + 2 x parameters
-with host_bf16_copy, pinned staging rings (the upload ring and the gradient rings of
-graph.build.grad_ring_sizes: with defer_update those hold a whole iteration's FP32 gradient,
-~2 or ~4 x parameters: graph.build.grad_wire_bytes), offloaded activations of every rank, the
-embedding rows' buffers (three FP32 row chunks per update worker, one FP32 and one zero chunk; an
-ADAM chunk holds d2h_chunk_mib of wire bytes, so twice the MiB in FP32 when gradients come as
-BF16), and a runtime allowance per rank process (estimate).
+Host (bytes): state (12 x parameters: FP32 master, Adam m and v, one copy per host), bf16_copy
+(+ 2 x parameters with host_bf16_copy), staging (the pinned upload ring and the gradient rings of
+graph.layout.grad_ring_sizes) and a runtime allowance per rank process (estimate).
+Each registered plan feature (graph/features/) then adds its own terms or adjusts these, in
+place (Feature.gpu_memory, Feature.host_memory): its docstring says which.
 """
 
 from __future__ import annotations
 
-from slidedp.graph.build import grad_ring_sizes, grad_wire_bytes, row_capacity
+from slidedp.graph.features import FEATURES
+from slidedp.graph.layout import grad_ring_sizes, grad_wire_bytes
 from slidedp.spec.elements import FP32_BYTES, LOSS_CHUNK_TOKENS
 from slidedp.spec.errors import InfeasiblePlan, SpecError
 from slidedp.spec.hardware import HardwareSpec
@@ -49,46 +44,34 @@ def gpu_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
     plan.check_layers(m.n_layers)
     costs = {p: policy_cost(m, p, wl.seq_len) for p in {plan.policy_of(i) for i in range(1, m.n_layers + 1)}}
     kept = [tok * costs[plan.policy_of(layer)].retained_bytes for layer in range(1, m.n_layers + 1)]
-    ckpt = (1 - plan.offload_ratio) * sum(kept)
     chunk_bytes, wire = plan.d2h_chunk_mib * MIB, grad_wire_bytes(plan, wl.gpus)
-    return {
+    terms = {
         "window": plan.window_slots * layer * 2,
         "resident": (units[0] + units[-1]) * 2,
-        # an untied embedding whose update is split keeps its gradient in the rows' buffer
-        "grad_buffers": plan.grad_buffers * layer * 2 + units[-1] * 2
-        + (0 if plan.splits_embedding and not m.tie_embeddings else units[0] * 2),
-        "checkpoints": ckpt,
-        "reload": plan.reload_ahead_layers * plan.offload_ratio * max(kept),
+        "grad_buffers": plan.grad_buffers * layer * 2 + units[-1] * 2 + units[0] * 2,
+        "checkpoints": sum(kept),
         "transient": wl.tokens_per_micro_batch * max(c.transient_bytes for c in costs.values()),
         "loss": LOSS_CHUNK_TOKENS * m.vocab_size * 4 * 2,
-        "embedding_rows": (row_capacity(wl) * m.hidden * 2 + plan.h2d_chunk_mib * MIB
-                           if plan.splits_embedding else 0.0),
-        "d2h_widen": chunk_bytes * FP32_BYTES / wire
-        # and the tied bulk's chunk narrowed again for a BF16 download (exec/engine.py)
-        + (chunk_bytes if plan.splits_embedding and m.tie_embeddings and wire < FP32_BYTES
-           else 0.0),
+        "d2h_widen": chunk_bytes * FP32_BYTES / wire,
         "runtime": GPU_RUNTIME_BYTES,
     }
+    for f in FEATURES:
+        f.gpu_memory(wl, plan, terms, wire)
+    return terms
 
 
 def host_footprint(wl: Workload, plan: Plan) -> dict[str, float]:
-    m = wl.model
-    R = wl.gpus
-    n = m.total_params()
-    kept = sum(wl.tokens_per_gpu_step * m.activation_bytes_per_token(plan.policy_of(layer))
-               for layer in range(1, m.n_layers + 1))
-    return {
+    n = wl.model.total_params()
+    terms = {
         "state": STATE_BYTES_PER_PARAM * n,
         "bf16_copy": 2 * n if plan.host_bf16_copy else 0.0,
         "staging": plan.staging_chunks * plan.h2d_chunk_mib * MIB
         + sum(grad_ring_sizes(wl, plan).values()) * plan.d2h_chunk_mib * MIB,
-        "act_offload": R * plan.offload_ratio * kept,
-        # saved rows (3 FP32 ADAM chunks per worker), the cast's rows, the untied zero gradient
-        "embedding_rows": ((3 * plan.update_workers + 1 + (not m.tie_embeddings))
-                           * plan.d2h_chunk_mib * MIB * FP32_BYTES / grad_wire_bytes(plan, R)
-                           if plan.splits_embedding else 0.0),
-        "runtime": R * HOST_RUNTIME_BYTES_PER_RANK,
+        "runtime": wl.gpus * HOST_RUNTIME_BYTES_PER_RANK,
     }
+    for f in FEATURES:
+        f.host_memory(wl, plan, terms, grad_wire_bytes(plan, wl.gpus))
+    return terms
 
 
 def check_fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[float, float]:

@@ -20,7 +20,8 @@ import numpy as np
 
 from slidedp.graph.build import build_graph
 from slidedp.graph.costs import resource_use, task_durations
-from slidedp.graph.tasks import KIND_CHANNEL, Kind, TaskGraph
+from slidedp.graph.kinds import KINDS
+from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.model.bounds import resource_bound
 from slidedp.model.critical_path import longest_path
 from slidedp.model.memory import check_fits, gpu_footprint, host_footprint
@@ -143,7 +144,7 @@ def predict(hw: HardwareSpec, wl: Workload, plan: Plan) -> Prediction:
     for v in sched.critical_path(end_task):
         lo = max(sched.start_s[v], ends[-2])
         if sched.finish_s[v] > lo:
-            ch = KIND_CHANNEL[Kind(int(g.kind[v]))].name
+            ch = KINDS[Kind(int(g.kind[v]))].channel.name
             by_channel[ch] = by_channel.get(ch, 0.0) + float(sched.finish_s[v] - lo)
 
     traffic = graph_traffic_bytes(g, last)

@@ -2,8 +2,8 @@
 
 For a unit of P parameters, R ranks, q = 2 bytes per parameter on the wire, G = 2P gradient bytes
 on the GPU (BF16: what REDUCE moves) and G' = wP gradient bytes on the wire back, w =
-graph.build.grad_wire_bytes (2: BF16, widened by the CPU update in cache, plan.grad_widen = host;
-4: widened to FP32 on the GPU, and always on the cpu route with R > 1), per delivery (forward, and
+graph.layout.grad_wire_bytes (2: BF16, widened by the CPU update in cache; 4: widened to FP32 on
+the GPU, and always on the cpu route with R > 1), per delivery (forward, and
 again in backward unless the layer is still in the window):
     H2D        replicated R * q * P        sharded q * P        (+ ALLGATHER of q * P on the GPUs)
     D2H        gpu route  G'               cpu route R * G'     (+ REDUCE of G on the GPUs, gpu route)
@@ -12,13 +12,14 @@ The two tests agree: the graph's per-kind sums equal these formulas for every ro
 
 from __future__ import annotations
 
-from slidedp.graph.build import grad_wire_bytes
+from slidedp.graph.kinds import MOVING_KINDS
+from slidedp.graph.layout import grad_wire_bytes
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.elements import GRAD_BYTES, PARAM_BYTES
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan
 
-TRAFFIC_KINDS = {"h2d": Kind.H2D, "d2h": Kind.D2H, "allgather": Kind.ALLGATHER,
-                 "reduce": Kind.REDUCE, "act_offload": Kind.ACT_OFFLOAD, "act_reload": Kind.ACT_RELOAD}
+# per kind that moves bytes between devices (copies and collectives), its bytes under its name
+TRAFFIC_KINDS = {k.name.lower(): k for k in MOVING_KINDS}
 
 
 def layer_traffic_bytes(params: int, ranks: int, plan: Plan) -> dict[str, float]:

@@ -256,7 +256,7 @@ def run_graph(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: Hardwar
     succ_ptr = np.searchsorted(g.edge_src[keep][order], np.arange(n + 1)).tolist()
     dur = durations.tolist()
     specs = task_flows_spec(g, durations, use, hw, cfg.collective_sm_fraction) if cfg.contention else None
-    threads = held_cores(g).tolist()  # a team's threads x its share (build.team_share)
+    threads = held_cores(g).tolist()  # a team's threads x its share (graph.sizes.team_share)
     pools = {i: float(use.capacity[i]) for i, nm in enumerate(use.names) if nm.endswith(".cores")}
     start, finish, core_s = [math.nan] * n, [math.nan] * n, [0.0] * n
     env = simpy.Environment()

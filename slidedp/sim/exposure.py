@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from slidedp.graph.tasks import KIND_CHANNEL, EdgeKind, Kind, TaskGraph
+from slidedp.graph.kinds import CHANNEL_NAMES
+from slidedp.graph.tasks import EdgeKind, TaskGraph
 from slidedp.graph.timeline import Exposure
 from slidedp.sim.engine import GATE, RawRun
 
@@ -30,7 +31,7 @@ class Chains:
     def __init__(self, g: TaskGraph, run: RawRun):
         self.g, self.run = g, run
         self.start, self.finish = run.start_s, run.finish_s
-        self.channel = [KIND_CHANNEL[Kind(k)].name for k in g.kind.tolist()]
+        self.channel = [CHANNEL_NAMES[k] for k in g.kind.tolist()]
 
     def critical_pred(self, v: int) -> tuple[int, int]:
         """(predecessor that finished last, why code); (-1, -1) when v has none."""

@@ -14,12 +14,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from slidedp.graph.tasks import KIND_CHANNEL, Channel, Kind  # noqa: E402
+from slidedp.graph.kinds import CHANNELS  # noqa: E402
+from slidedp.graph.tasks import Channel  # noqa: E402
 from slidedp.sim.result import SimResult  # noqa: E402
 
 COLOURS = {Channel.UPLOAD: "tab:blue", Channel.ACTIVATION: "tab:purple", Channel.COMPUTE: "tab:green",
            Channel.REDUCTION: "tab:orange", Channel.DOWNLOAD: "tab:cyan", Channel.UPDATE: "tab:brown"}
-LOAD_LANES = ("host.h2d", "host.d2h", "host.pcie", "host.dram", "host.mem", "host.cores", "fabric")
 
 
 def load_curve(res: SimResult, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -46,11 +46,12 @@ def gantt(res: SimResult, path: str | Path, window: tuple[float, float] | None =
     for r in range(g.n_ranks):
         lanes += [a for a in g.agents if a.startswith(f"gpu{r}.")] + [f"gpu{r} exposed"]
     lanes += [a for a in g.agents if not a.startswith("gpu")]
-    lanes += [f"load {n}" for n in LOAD_LANES if n in res.use.names]
+    shared = [n for n in res.use.names if not n.startswith("gpu")]  # the machine's shared resources
+    lanes += [f"load {n}" for n in shared]
     row = {name: i for i, name in enumerate(lanes)}
     fig, ax = plt.subplots(figsize=(14, 0.32 * len(lanes) + 1.5))
     inside = (run.finish_s > t0) & (run.start_s < t1)
-    chan = np.array([KIND_CHANNEL[Kind(k)] for k in range(len(Kind))])[g.kind]
+    chan = CHANNELS[g.kind]
     for a, name in enumerate(g.agents):
         for c in Channel:
             m = inside & (g.agent == a) & (chan == c)
@@ -61,11 +62,10 @@ def gantt(res: SimResult, path: str | Path, window: tuple[float, float] | None =
         if e.end_s > t0 and e.start_s < t1:
             ax.broken_barh([(e.start_s, e.end_s - e.start_s)], (row[f"gpu{e.rank} exposed"] - 0.4, 0.8),
                            facecolors="white", edgecolors=COLOURS[Channel[e.channel]], hatch="////")
-    for n in LOAD_LANES:
-        if n in res.use.names:
-            t, load = load_curve(res, n)
-            y = row[f"load {n}"] - 0.4
-            ax.fill_between(t, y, y + 0.8 * np.clip(load, 0, 1), step="post", color="grey", lw=0)
+    for n in shared:
+        t, load = load_curve(res, n)
+        y = row[f"load {n}"] - 0.4
+        ax.fill_between(t, y, y + 0.8 * np.clip(load, 0, 1), step="post", color="grey", lw=0)
     ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(t0, t1)

@@ -1,57 +1,49 @@
 """Resource models of the simulator: what a running task draws on and how concurrent draws share.
 
 Every task runs on its agent (a serial server, see engine.py) and, while it runs, draws on shared
-resources. The draws come from slidedp.graph.costs.resource_use, the same data the analytic lower
-bound sums, so the model and the simulator turn the same knobs. A task alone runs at full rate and
-takes durations[v] seconds (costs.task_durations); with others it runs at a *speed* s in [0, 1]
-(fraction of its full rate) and its remaining work, in seconds at full rate, drops by s per second.
+resources. The draws come from slidedp.graph.costs.resource_use (the machine of graph/kinds.py;
+the flat hardware spec's resources are listed in graph/flat_host.py), the same data the analytic
+lower bound sums, so the model and the simulator turn the same knobs. A task alone runs at full
+rate and takes durations[v] seconds (costs.task_durations); with others it runs at a *speed* s in
+[0, 1] (fraction of its full rate) and its remaining work, in seconds at full rate, drops by s
+per second.
 
-Resources (capacity per second; a task's demand is its draw divided by its duration):
+Resources have a capacity per second; a task's demand is its draw divided by its duration. Two
+are special here:
   gpu{r}.compute  one serial compute stream per GPU, capacity 1 (stream-seconds per second). A
                   compute task demands 1. A running collective also occupies a fraction of every
                   participating GPU's SMs (SimConfig.collective_sm_fraction), so compute and
                   collectives slow each other while both run.
-  gpu{r}.h2d, gpu{r}.d2h   the GPU's PCIe link, one direction (bytes/s; one DMA engine per GPU and
-                  direction is its agent). gpu{r}.duplex: both directions of that link together.
-  host.h2d, host.d2h, host.pcie   host-side caps of all GPUs' DMA at once (per direction, and
-                  both directions). On a `pcie` fabric, collectives load the GPUs' links too, so
-                  all-gather / reduce traffic competes with H2D / D2H.
-  host.dram       host DRAM bandwidth as the CPU teams reach it, shared by the FP32 -> BF16
-                  cast, CPU Adam, the host-side gradient sum and, without host.mem, the DMA
-                  reads and writes (bytes/s). Beside host.mem, the copies' cost to the CPU
-                  kernels (3. below) scales this cap as it scales their ceilings.
-  host.mem        (with a profiled HostSpec.memory_bps) all host-memory traffic at once: the DMA
-                  and the CPU kernels (bytes/s).
-  host.cores      the CPU core pool (cores). Not shared by speed but by threads, first (below).
-  fabric          the GPU fabric (seconds of collective per second; nvswitch, nvlink-pairs and
-                  pcie differ in the collective's duration, costs.task_durations).
+  *.cores         a CPU core pool (cores): not shared by speed but by threads, first (below).
+The machine also names where the copies' host-memory bytes are drawn (copy_traffic, the flat
+spec's host.mem) and the CPU kernels' memory cap (kernel_dram, host.dram), which stage 3 reads.
 
 Sharing rule, in stages, recomputed whenever a task starts or ends:
   1. cores: CPU tasks (CAST, ADAM, HOST_SUM) ask for `threads` cores. If the pool has enough,
      each gets what it asks; otherwise cores are split max-min fair (water-filling on thread
      counts). A task holding c of its t threads runs at most at rate(c) / rate(t) of its full
-     rate, with rate() the host's measured curve (cast: its chunk size's, HostSpec.cast_rate;
-     Adam; linear for HOST_SUM), so a pool shared by workers beyond the saturation knee loses
-     little.
+     rate, with rate() its kind's curve (graph/kinds.py KindRule.rate: the cast's at its chunk
+     size, HostSpec.cast_rate; Adam's; linear for HOST_SUM), so a pool shared by workers beyond
+     the saturation knee loses little.
   2. bandwidth: speeds are weighted max-min fair (progressive filling): a level rises from 0
      and each task runs at speed weight x level; when a resource's capacity is reached, the tasks
      on it freeze at their speed; when a task reaches its ceiling from stage 1 it freezes; the
      others keep rising. Equal weights = equal fractions of each task's own full rate, so two
      identical DMAs through a saturated host cap get equal bytes/s. Every weight is 1 but the
-     CAST's: HostSpec.cast_weight, from the profile's teams-at-once run (at the graph's upload
+     CAST's (KindRule.weight): HostSpec.cast_weight, from the profile's teams-at-once run (at the graph's upload
      chunk where the profile ran the teams by chunk size), where the cast team got a smaller
      fraction of its own rate than the update team beside it (1 where not measured).
   3. copies beside CPU kernels (where the profile measured HostSpec.dma_slowdown_bps S): with
-     the copies moving D bytes/s of host memory (their host.mem draws at their speeds), every
-     CPU task's ceiling and host.dram's capacity are scaled by k = S / (S + D), and stage 2 runs
+     the copies moving D bytes/s of host memory (their copy_traffic draws at their speeds), every
+     CPU task's ceiling and kernel_dram's capacity are scaled by k = S / (S + D), and stage 2 runs
      at the k that the D it gives returns (engine.FluidShare._slow_cpu_beside_copies): a copy
      lengthens each memory access, so a kernel's ceiling drops by the same fraction however
      little traffic it has of its own (a kernel held lower by a shared cap, e.g. a full
      host.mem, may lose less). The copies are not slowed by it, only by the caps they share.
-     nvidia-h200 2026-12-01: a lone update's 64 MiB chunks took +44% beside a D2H stream of
-     ~45 GB/s (64 MiB in ~1.5 ms), where S = 125-140 GB/s gives +32-36%; the teams at their cap
-     lost w = 0.31-0.51 of each copied byte (S = their traffic beside the copies / w: 125-254
-     GB/s on five profiles).
+     Measured on nvidia-h200 (benchmarks/RESULTS.md): a lone update's 64 MiB chunks took +44%
+     beside a D2H stream of ~45 GB/s (64 MiB in ~1.5 ms), where S = 125-140 GB/s gives
+     +32-36%; the teams at their cap lost w = 0.31-0.51 of each copied byte (S = their traffic
+     beside the copies / w: 125-254 GB/s on five profiles).
 The rule has no memory: rates depend only on the set of running tasks.
 """
 
@@ -63,12 +55,12 @@ from functools import partial
 
 import numpy as np
 
-from slidedp.graph.costs import ResourceUse, grad_bytes
+from slidedp.graph.costs import ResourceUse
+from slidedp.graph.kinds import COLLECTIVE_KINDS, COPY_KINDS, KINDS
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
 
 REL_EPS = 1e-12
-COPY_KINDS = frozenset(int(k) for k in (Kind.H2D, Kind.D2H, Kind.ACT_RELOAD, Kind.ACT_OFFLOAD))
 
 
 @dataclass
@@ -160,19 +152,20 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     once.
 
     Demands are draws / duration; draws on a `.cores` pool become the pool index (stage 1).
-    Collectives add `collective_sm_fraction` of each rank's compute stream.
+    Collectives add `collective_sm_fraction` of each rank's compute stream. The rate curve and
+    the weight are the kind's (graph/kinds.py KindRule.rate, .weight).
     """
     names = use.names
     pools = {i for i, n in enumerate(names) if n.endswith(".cores")}
     compute_of = [names.index(f"gpu{r}.compute") for r in range(g.n_ranks)]
-    gb = grad_bytes(g)
-    curves = {int(Kind.ADAM): lambda threads: hw.host.adam_rate(threads, gb)}
-    cast_curves: dict[float, Callable[[float], float]] = {}  # chunk elements -> its thread curve
-    cast_weight = hw.host.cast_weight(g.meta.teams_chunk_bytes)
+    rules = [KINDS[k] for k in Kind]  # Kind values are 0..14
+    weights = [1.0 if r.weight is None else r.weight(hw, g) for r in rules]
+    curves: dict[tuple[int, float], Callable[[float], float]] = {}  # (kind, work) -> curve
     work = g.work.tolist()
-    coll = {int(Kind.ALLGATHER), int(Kind.REDUCE)}
+    coll = {int(k) for k in COLLECTIVE_KINDS}
+    copies = {int(k) for k in COPY_KINDS}
     # the copies' draw on the CPU kernels' cap where the slowdown stands for it (stage 3; the
-    # draw is the analytic bound's linear part of it, costs.py)
+    # draw is the analytic bound's linear part of it, graph/flat_host.py)
     kernel_dram = use.kernel_dram if use.dma_slowdown_bps > 0 else -1
     ptr, res, amt = use.ptr.tolist(), use.res.tolist(), use.amount.tolist()
     kinds, dur = g.kind.tolist(), durations.tolist()
@@ -185,14 +178,12 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
                 j = res[i]
                 if j in pools:
                     pool = j
-                elif amt[i] > 0 and not (j == kernel_dram and k in COPY_KINDS):
+                elif amt[i] > 0 and not (j == kernel_dram and k in copies):
                     uses.append((j, amt[i] / d))
             if k in coll and collective_sm_fraction > 0:
                 uses += [(j, collective_sm_fraction) for j in compute_of]
-        if k == Kind.CAST:  # the chunk size's thread curve (HostSpec.cast_rate)
-            curve = cast_curves.setdefault(work[v], partial(hw.host.cast_rate,
-                                                             chunk_elems=work[v]))
-        else:
-            curve = curves.get(k)
-        specs.append((uses, pool, curve, cast_weight if k == Kind.CAST else 1.0))
+        rate = rules[k].rate
+        curve = None if rate is None else curves.setdefault(
+            (k, work[v]), partial(rate, hw, g, work=work[v]))
+        specs.append((uses, pool, curve, weights[k]))
     return specs

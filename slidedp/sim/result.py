@@ -23,7 +23,8 @@ from functools import cached_property
 import numpy as np
 
 from slidedp.graph.costs import ResourceUse
-from slidedp.graph.tasks import KIND_CHANNEL, Channel, Kind, TaskGraph
+from slidedp.graph.kinds import CHANNELS, COLLECTIVE_KINDS
+from slidedp.graph.tasks import Channel, Kind, TaskGraph
 from slidedp.graph.timeline import Exposure, Record, Timeline
 from slidedp.sim.engine import RawRun, SimConfig
 from slidedp.sim.exposure import Chains, exposed_by_channel_s, exposures
@@ -93,7 +94,7 @@ class SimResult:
             amount[is_pool] = self.run.core_s[task_of[is_pool]]
         served = np.bincount(u.res, weights=amount * self._overlap[task_of], minlength=len(u.names))
         if self.config.contention and self.config.collective_sm_fraction > 0:
-            coll = np.flatnonzero(np.isin(g.kind, [int(Kind.ALLGATHER), int(Kind.REDUCE)]))
+            coll = np.flatnonzero(np.isin(g.kind, [int(k) for k in COLLECTIVE_KINDS]))
             sm_s = float(((self.run.finish_s - self.run.start_s)[coll] * self._overlap[coll]).sum())
             for r in range(g.n_ranks):
                 served[u.index(f"gpu{r}.compute")] += self.config.collective_sm_fraction * sm_s
@@ -118,7 +119,7 @@ class SimResult:
         t0, t1 = self.window_s
         s = np.maximum(self.run.start_s, t0)
         f = np.minimum(self.run.finish_s, t1)
-        chan = np.array([int(KIND_CHANNEL[Kind(k)]) for k in range(len(Kind))])[self.graph.kind]
+        chan = CHANNELS[self.graph.kind]
         out = {}
         for c in Channel:
             m = (chan == int(c)) & (f > s)

@@ -1,0 +1,15 @@
+"""The plan features the graph builder and the memory model apply, one line each, in the order
+their hooks run (features/base.py lists the hooks)."""
+
+from slidedp.graph.features.base import Feature
+from slidedp.graph.features.deferred_update import DeferredUpdate
+from slidedp.graph.features.embedding_rows import EmbeddingRows
+from slidedp.graph.features.grad_widen import HostWiden
+from slidedp.graph.features.offload import Offload
+
+FEATURES: tuple[type[Feature], ...] = (
+    Offload,
+    HostWiden,
+    DeferredUpdate,
+    EmbeddingRows,
+)
