@@ -339,7 +339,8 @@ class Builder:
             grad_ring_chunks=self.ring_sizes,
             recompute_hbm_bytes={layer: self.tokens * self.layer_costs[layer].recompute_hbm_bytes
                                  for layer in range(1, self.L + 1)},
-            adam_writes_copy=plan.host_bf16_copy, grad_wire_bytes=self.wire)
+            adam_writes_copy=plan.host_bf16_copy, grad_wire_bytes=self.wire,
+            kernels=str(plan.kernels))
         for f in self.features:
             meta.update(f.meta())
         return self.rec.graph(self.iterations, R, self.units, GraphMeta(**meta))

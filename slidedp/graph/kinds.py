@@ -122,7 +122,7 @@ class KindInputs:
 
     @cached_property
     def layer_s(self) -> dict[str, float]:
-        return layer_times_s(self.hw, self.wl)
+        return layer_times_s(self.hw, self.wl, self.g.meta.kernels)
 
     def cast_s(self, idx: np.ndarray) -> np.ndarray:
         """A cast of each task's elements by its team."""

@@ -12,12 +12,13 @@ from slidedp.spec.segments import policy_cost, segment_costs
 from slidedp.spec.workload import Workload
 
 
-def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
+def layer_times_s(hw: HardwareSpec, wl: Workload, kernels: str = "eager") -> dict[str, float]:
     """Seconds of one decoder layer's fwd / bwd for one GPU's whole step (all micro-batches):
-    the measured layer time for the shape when the hardware spec has one (fwd : bwd = 1 : 2, as
-    their FLOPs), else FLOPs / achieved rate(hidden, tokens per micro-batch)."""
+    the measured layer time for the shape and the plan's `kernels` when the hardware spec has
+    one (fwd : bwd = 1 : 2, as their FLOPs), else FLOPs / achieved rate(hidden, tokens per
+    micro-batch)."""
     m = wl.model
-    meas = hw.gpu.measured_layer_s(m.hidden, m.ffn, wl.seq_len, wl.micro_batch)
+    meas = hw.gpu.measured_layer_s(m.hidden, m.ffn, wl.seq_len, wl.micro_batch, kernels)
     if meas is not None:
         per_mb = {"fwd": meas / 3, "bwd": 2 * meas / 3}
     else:
@@ -27,19 +28,20 @@ def layer_times_s(hw: HardwareSpec, wl: Workload) -> dict[str, float]:
     return {k: v * wl.accum_steps for k, v in per_mb.items()}
 
 
-def flops_per_hbm_byte(hw: HardwareSpec, wl: Workload) -> float:
+def flops_per_hbm_byte(hw: HardwareSpec, wl: Workload, kernels: str = "eager") -> float:
     """k of a RECOMPUTE (recompute_s): what one elementwise HBM byte of the forward costs in
     FLOPs of its matmuls. With policy sac's measured recompute fraction f for the shape (sac
     recomputes memory-bound ops only): the forward's elementwise bytes at sac's rate take
     f x fwd x (forward bytes / sac bytes), the matmuls the rest, never faster than the GPU's
     peak; else the achieved FLOP rate over the HBM rate."""
     m = wl.model
-    f = hw.gpu.measured_sac_recompute_fraction(m.hidden, m.ffn, wl.seq_len, wl.micro_batch)
+    f = hw.gpu.measured_sac_recompute_fraction(m.hidden, m.ffn, wl.seq_len, wl.micro_batch,
+                                               kernels)
     if f is not None:
         seg, tokens = segment_costs(m, wl.seq_len), wl.tokens_per_micro_batch
         flops, hbm = sum(seg.fwd_flops) * tokens, sum(seg.fwd_hbm_bytes) * tokens
         sac_hbm = policy_cost(m, "sac", wl.seq_len).recompute_hbm_bytes * tokens
-        fwd_s = layer_times_s(hw, wl)["fwd"] / wl.accum_steps  # one micro-batch
+        fwd_s = layer_times_s(hw, wl, kernels)["fwd"] / wl.accum_steps  # one micro-batch
         matmul_s = max(fwd_s * (1 - f * hbm / sac_hbm), flops / hw.gpu.peak_bf16_flops)
         if matmul_s < fwd_s:
             return (fwd_s - matmul_s) / hbm * flops / matmul_s
@@ -55,12 +57,12 @@ def recompute_s(g: TaskGraph, hw: HardwareSpec, wl: Workload, idx: np.ndarray) -
     ops reach about a tenth of the HBM rate by the bytes spec/segments.py counts: measured on
     nvidia-h200, Qwen3-4B)."""
     m, tokens = wl.model, wl.tokens_per_gpu_step
-    k = flops_per_hbm_byte(hw, wl)
+    k = flops_per_hbm_byte(hw, wl, g.meta.kernels)
     seg = segment_costs(m, wl.seq_len)
     full = (sum(seg.fwd_flops) + k * sum(seg.fwd_hbm_bytes)) * tokens
     hbm = g.meta.recompute_hbm_bytes
     work = [g.work[v] + k * hbm.get(int(g.unit[v]), 0.0) for v in idx]
-    return layer_times_s(hw, wl)["fwd"] * np.asarray(work, np.float64) / full
+    return layer_times_s(hw, wl, g.meta.kernels)["fwd"] * np.asarray(work, np.float64) / full
 
 
 def dram_bps(g: TaskGraph, hw: HardwareSpec) -> float:

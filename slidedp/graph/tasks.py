@@ -80,6 +80,7 @@ class GraphMeta:
     embedding_rows_elems: int = 0  # elements of the compact looked-up rows buffer (0: none)
     grad_wire_bytes: int = 4  # bytes per element of a downloaded gradient chunk
     embedding_grad_align: int = 1  # the embedding's gradient chunks are multiples of this
+    kernels: str = "eager"  # the layers' kernels (plan.kernels): which measured layer times apply
 
 
 @dataclass
