@@ -1,8 +1,10 @@
-"""Checkpoints: exact round trip, refusal of another model's checkpoint, atomicity under failure."""
+"""Checkpoints: exact round trip, refusal of another model's checkpoint, atomicity under failure,
+and no checkpoint of a non-finite state."""
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from slidedp.exec.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from slidedp.exec.finite import NonFinite
 from slidedp.exec.io import fingerprint
 from slidedp.spec.errors import SpecError
 
@@ -158,3 +161,15 @@ def test_process_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path)
     assert all(bool((t == 1).all()) for ts in read_all(load_checkpoint(path, FP)[1]) for t in ts)
     save_checkpoint(tmp_path, 2, state(2), meta(2), keep=1)  # the next save clears the leftover
     assert [p.name for p in tmp_path.iterdir()] == ["step-00000002"]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_state_is_never_saved_nor_the_finite_ones_pruned(tmp_path, bad):
+    """A NaN or Inf in any tensor (here unit 2's Adam v) fails the save before the checkpoint is
+    complete: nothing of it stays, and with keep=1 the finite checkpoint before is kept."""
+    save_checkpoint(tmp_path, 1, state(1), meta(1), keep=1)
+    units = state(2)
+    units[2][3][4] = bad
+    with pytest.raises(NonFinite, match=r"unit 2's v \(checkpoint step 2\) holds NaN or Inf"):
+        save_checkpoint(tmp_path, 2, units, meta(2), keep=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001"]

@@ -72,9 +72,16 @@ def test_resume_extends_a_finished_run_and_refuses_a_fresh_start_over_it(tmp_pat
 
 
 def test_resume_from_another_models_checkpoint_is_refused(tmp_path, capsys):
+    """Another --model on --resume is refused against config.toml; without config.toml (a run
+    directory copied without it), by the checkpoint's model fingerprint."""
     out = tmp_path / "run"
     assert train(out) == 0
     capsys.readouterr()
+    assert train(out, "--resume", "--model", "qwen3-0.6b") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--model" in err and "'tiny-qwen3'" in err and "config.toml" in err
+    (out / "config.toml").unlink()
     assert train(out, "--resume", "--model", "qwen3-0.6b") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1

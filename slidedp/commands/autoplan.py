@@ -78,7 +78,8 @@ def select_plan(opts: dict) -> Path:
                   opts["micro_batch"], opts["nproc"], where="command line")
     base = default_plan(hw.fabric.kind).with_overrides(
         offload_ratio=opts["offload_ratio"], update_workers=opts["update_workers"],
-        host_bf16_copy=opts["host_bf16_copy"], defer_update=True if opts["grad_clip"] else None)
+        host_bf16_copy=opts["host_bf16_copy"],
+        defer_update=True if opts["grad_clip"] or opts.get("skip_nonfinite") else None)
     print(f"choosing the plan (AutoPolicy) for {hw.name}, probes on {opts['device']}", flush=True)
     plan, report = choose_plan(hw, wl, cap_bytes(hw, opts["gpu_memory_cap_gib"]), base=base,
                                probe_device=opts["device"], executor_device=opts["device"])

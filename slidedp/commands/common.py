@@ -78,6 +78,25 @@ class Resolved:
     plan: Plan
 
 
+# The smallest chunk a command accepts (--chunk-mib, and a plan file's h2d_chunk_mib /
+# d2h_chunk_mib). A chunk is one DMA copy and one task of the graph per slice of a unit: below
+# 1 MiB a PCIe copy is dominated by its fixed cost (some microseconds to issue and complete,
+# against ~40 us to move 1 MiB at 25 GB/s), and the graph's task count grows as the model's bytes
+# over the chunk (an 8B model's BF16 upload at 1 MiB is 16k tasks per rank; at 1e-6 MiB it would
+# be 1.6e10, which no memory holds). Plans built in code (tests on tiny models) may go smaller.
+MIN_CHUNK_MIB = 1.0
+
+
+def check_chunk_mib(plan: Plan, where: str) -> None:
+    """SpecError naming `where` when a chunk of `plan` is below MIN_CHUNK_MIB."""
+    for field in ("h2d_chunk_mib", "d2h_chunk_mib"):
+        got = getattr(plan, field)
+        if got < MIN_CHUNK_MIB:
+            name = "--chunk-mib" if where == "command line" else field
+            raise SpecError(where, name, f"at least {MIN_CHUNK_MIB:g} MiB (smaller chunks "
+                            f"only multiply copies and tasks), got {got:g}")
+
+
 def positive(value, option: str):
     if value is not None and value < 1:
         raise SpecError("command line", option, f"a positive integer, got {value}")
@@ -114,6 +133,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
         plan = plan.with_overrides(**over)
     except SpecError as e:
         raise SpecError("command line", f"--{e.field.replace('_', '-')}", e.expected) from None
+    check_chunk_mib(plan, "command line" if args.chunk_mib is not None else str(args.plan or "plan"))
     return Resolved(hw, wl, plan)
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pandas as pd
 from tqdm import tqdm
 
+from slidedp.commands.common import MIN_CHUNK_MIB
 from slidedp.sim.sweep import SweepSpec, load_sweep, run_sweep
 from slidedp.spec.errors import SpecError
 
@@ -42,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError("command line", f"--{k.replace('_', '-')}", f"a positive integer, got {over[k]}")
     spec = replace(spec, **{k: tuple(v) if isinstance(v, list) else v
                             for k, v in over.items() if v is not None})
+    for mib in spec.chunk_mib:
+        if mib < MIN_CHUNK_MIB:
+            where, name = (("command line", "--chunk-mib") if over["chunk_mib"] is not None
+                           else (args.file, "chunk_mib"))
+            raise SpecError(where, name, f"chunk sizes of at least {MIN_CHUNK_MIB:g} MiB, got "
+                            f"{mib:g}")
     rows = run_sweep(spec, progress=lambda pts: tqdm(pts, desc="sweep", unit="point"))
     df = pd.DataFrame(rows)
     df.to_csv(args.out, index=False)

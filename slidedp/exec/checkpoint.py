@@ -8,6 +8,8 @@ Layout of one checkpoint, <root>/step-<8-digit step>/:
 Saving streams unit by unit (stream.py: no second copy of the state in memory) into a temp dir
 next to the final one and renames it into place after fsync (io/atomic.py); older checkpoints
 are pruned only after the new one is complete, so a crash mid-save leaves the previous one intact.
+Every tensor is checked finite before it is written (finite.py): a state holding NaN or Inf
+raises NonFinite and is never saved, and the checkpoints before it are kept.
 Resuming from a checkpoint of another model (fingerprint: model_type + every unit's numel) is a
 SpecError.
 """
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from slidedp.exec.finite import check_finite
 from slidedp.exec.io.atomic import TMP_MARK, atomic_dir
 from slidedp.exec.io.stream import SafetensorsWriter
 from slidedp.spec.errors import SpecError
@@ -111,6 +114,7 @@ def save_checkpoint(
             plan = [(name, torch.float32, (numels[u],)) for name in STATE_NAMES]
             with SafetensorsWriter(_unit_file(tmp, u), plan) as w:
                 for name, t in zip(STATE_NAMES, state, strict=True):
+                    check_finite(t, f"unit {u}'s {name} (checkpoint step {step})")
                     w.write(name, t)
             done.add(u)
         if len(done) != len(numels):

@@ -125,6 +125,15 @@ same entries in the same order, so R ranks, any route, clip alike. Cost: the rin
 hold a whole step's gradient (+2 B/param of host memory as BF16, +4 as FP32: model/memory.py),
 the update no longer overlaps backward (the CPU update is exposed after it), and a clipped FP32
 gradient takes one more pass (read + write).
+
+Skipping non-finite steps (skip_nonfinite=True, `slidedp train --skip-nonfinite N`): the same
+deferred schedule; where the first ADAM of a worker finds the norm NaN or Inf it marks the step
+skipped for its worker, and every ADAM of the step returns without touching the host state
+(master, m, v, the parameter copy). The step's per-unit update counts are then not advanced
+either: local rank 0 counts them after the step-end all-reduce, when the global norm is known,
+followed by a barrier so that no process reads the counts of the next step before. Every worker
+of every process decides from the same entries, so all skip alike; StepResult.skipped says so.
+A non-finite loss comes with a non-finite gradient (its backward), so the norm decides.
 """
 
 from __future__ import annotations
@@ -182,6 +191,7 @@ class StepResult:
     gpu_peak_bytes: int | None  # torch.cuda.max_memory_reserved, None on the CPU
     timeline: Timeline  # this process's tasks, times relative to origin_s
     origin_s: float = 0.0  # time.perf_counter() at the step's start (CLOCK_MONOTONIC: one clock per host)
+    skipped: bool = False  # skip_nonfinite: the norm was not finite, the update skipped
 
 
 class _Aborted(Exception):
@@ -203,6 +213,7 @@ class _StepState:
         self.host_s = [(0.0, 0.0)] * n_tasks
         self.error: BaseException | None = None
         self.clip = [1.0] * workers  # per update worker: the clipping coefficient of this step
+        self.skip = [False] * workers  # per update worker: skip_nonfinite found the norm non-finite
         self.adam_step: list[int] = []  # per unit: its update count including this step's
         self.cur: list[torch.Tensor] = []  # per micro-batch: hidden states / their gradients
         self.layers: dict[tuple[int, int], LayerState] = {}  # (layer, mb): forward -> backward
@@ -231,10 +242,11 @@ class Engine:
                  dtype: torch.dtype = torch.float32, mode: str = "overlap",
                  optimizer: AdamWConfig, host_state: HostState | None = None,
                  session: DistSession | None = None, probe: Probe | None = None,
-                 packed: bool = False):
+                 packed: bool = False, skip_nonfinite: bool = False):
         """Without `host_state` the engine creates one (eng.host_state: the caller closes it);
         if the construction then fails, that one is closed here (its shared memory removed)."""
         self._created_state: HostState | None = None
+        self.skip_nonfinite = skip_nonfinite
         try:
             self._build(model_config, workload, plan, device, dtype, mode, optimizer, host_state,
                         session, probe, packed)
@@ -250,8 +262,8 @@ class Engine:
         if mode not in MODES:
             raise SpecError("engine", "mode", f"one of {', '.join(MODES)}, got {mode!r}")
         R = workload.gpus
-        if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
-            plan = replace(plan, defer_update=True)
+        if optimizer.grad_clip is not None or self.skip_nonfinite:  # both need the norm first
+            plan = replace(plan, defer_update=True)  # (module docstring)
         if (session.world_size if session else 1) != R:
             raise SpecError("engine", "session", f"a DistSession of workload.gpus = {R} rank "
                             "processes (start them with slidedp.exec.dist.launch)")
@@ -336,8 +348,8 @@ class Engine:
                        if self.cuda else None)
         self.local_sq = torch.tensor([tpl.norm_slot[v] for v in range(tpl.n)
                                       if tpl.local[v] and tpl.norm_slot[v] >= 0], dtype=torch.long)
-        # where the clipping coefficient is computed: the first ADAM of each update worker
-        self.clip_at = set() if optimizer.grad_clip is None else {
+        # where the norm is read (clipping, skipping): the first ADAM of each update worker
+        self.clip_at = set() if optimizer.grad_clip is None and not self.skip_nonfinite else {
             int(ts[g.kind[ts] == Kind.ADAM][0]) for ts in g.agent_tasks
             if (g.kind[ts] == Kind.ADAM).any()}
         self._done = (session.shared_tensor("done", tpl.n, torch.int64).numpy()
@@ -459,10 +471,17 @@ class Engine:
             torch.cuda.synchronize(self.device)
         self._embedding_delivered = True
         loss, sqnorm = float(st.loss), float(self.sq[self.local_sq].double().sum())
-        if self.session is None or self.session.local_rank == 0:
-            self.host_state.steps += 1  # this step's update of every unit is done (rank 0: its own)
+        counts = self.session is None or self.session.local_rank == 0  # rank 0 counts the updates
+        if counts and not self.skip_nonfinite:
+            self.host_state.steps += 1  # this step's update of every unit is done
         if self.session is not None:
             loss, sqnorm = self.session.all_reduce_sum([loss, sqnorm])
+        skipped = self.skip_nonfinite and not math.isfinite(sqnorm)
+        if self.skip_nonfinite:  # counted once the global norm is known (module docstring)
+            if counts and not skipped:
+                self.host_state.steps += 1
+            if self.session is not None:
+                self.session.barrier()
         t1 = time.perf_counter()
         timeline = self._timeline(st, t0, t_ref)
         self.iteration += 1
@@ -472,7 +491,7 @@ class Engine:
             loss=loss, grad_norm=math.sqrt(sqnorm), step_time_s=t1 - t0,
             channel_s=channel_busy_s(timeline),
             gpu_peak_bytes=torch.cuda.max_memory_reserved(self.device) if self.cuda else None,
-            timeline=timeline, origin_s=t0)
+            timeline=timeline, origin_s=t0, skipped=skipped)
 
     def host_state_changed(self) -> None:
         """The host state was written outside the steps: deliver the embedding again before the
@@ -829,8 +848,12 @@ class Engine:
             (key, slot), = tpl.grad_src[v]
             g = self.rings.grad[key][slot][:hi - lo]
         if v in self.clip_at:  # every gradient chunk of the step is in: its producers precede v
-            st.clip[w] = min(1.0, self.opt.grad_clip / (math.sqrt(float(self.sq.double().sum()))
-                                                        + 1e-6))
+            norm = math.sqrt(float(self.sq.double().sum()))
+            st.skip[w] = self.skip_nonfinite and not math.isfinite(norm)
+            if self.opt.grad_clip is not None:
+                st.clip[w] = min(1.0, self.opt.grad_clip / (norm + 1e-6))
+        if st.skip[w]:
+            return
         hs = self.host_state
         if tpl.g.rows[v]:
             if j1 > j0:

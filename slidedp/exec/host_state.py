@@ -25,7 +25,13 @@ own (no other process can know its name to attach): its files are unlinked as so
 mapped, so that nothing stays in /dev/shm however the process ends (a process stopped by an
 exception or killed for memory would otherwise leave its state there, 98 GB for Qwen3-8B, and
 the next run would be killed for want of memory). A named state (DistSession's) stays until its
-creator unlinks it.
+creator unlinks it; DistSession removes every file of its job on each of its exits.
+
+Names: `segment_name()` is "slidedp-<pid>-<start>-<random>", the creating process's pid and start
+time (/proc/<pid>/stat, clock ticks since boot: a pid reused by another process has another
+start), so that the files of a process that could not clean up (SIGKILL, the OOM killer) are
+known to be orphans: `reclaim_segments()`, run once per process before its first state is
+created, removes this user's files whose creator is gone and says so in one line on stderr.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -45,6 +53,65 @@ from slidedp.spec.errors import InfeasiblePlan
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 FILES = ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json")  # a state's, by suffix
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SEGMENT_RE = re.compile(r"^slidedp-(\d+)-(?:(\d+)-)?[0-9a-f]{8}[.]")  # pid, start (older: none)
+_reclaimed = False  # reclaim_segments() ran in this process
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks since boot), None if there is no such
+    process (or it is a zombie: it holds nothing any more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def segment_name() -> str:
+    """A new name for this process's shared-memory files (module docstring: Names)."""
+    return f"slidedp-{os.getpid()}-{process_start(os.getpid()) or 0}-{uuid.uuid4().hex[:8]}"
+
+
+def orphan(name: str) -> bool:
+    """Whether the process that created file `name` (segment_name's form) is gone. A name of the
+    older form without a start time counts as an orphan only when its pid is gone."""
+    m = SEGMENT_RE.match(name)
+    if m is None:
+        return False
+    start = process_start(int(m.group(1)))
+    return start is None or (m.group(2) is not None and int(m.group(2)) != start)
+
+
+def reclaim_segments(shm_dir: Path | None = None) -> list[Path]:
+    """Remove this user's slidedp files in shm_dir (SHM_DIR) whose creating process is gone;
+    the removed paths, reported in one line on stderr when there are any."""
+    shm_dir = shm_dir or SHM_DIR
+    uid, gone, nbytes = os.getuid(), [], 0
+    for path in shm_dir.glob("slidedp-*"):
+        try:
+            st = path.stat()
+            if st.st_uid != uid or not orphan(path.name):
+                continue
+            path.unlink()
+        except OSError:  # removed meanwhile, or not ours to remove
+            continue
+        gone.append(path)
+        nbytes += st.st_blocks * 512
+    if gone:
+        pids = sorted({int(SEGMENT_RE.match(p.name).group(1)) for p in gone})
+        print(f"slidedp: removed {len(gone)} shared-memory files ({nbytes / 2**30:.2f} GiB) left in "
+              f"{shm_dir} by processes that are gone (pids {', '.join(map(str, pids))})",
+              file=sys.stderr, flush=True)
+    return gone
+
+
+def reclaim_once() -> None:
+    """reclaim_segments() the first time a process calls it."""
+    global _reclaimed
+    if not _reclaimed:
+        _reclaimed = True
+        reclaim_segments()
 
 
 def map_shared(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -69,7 +136,7 @@ def private_shared(numel: int, dtype: torch.dtype) -> torch.Tensor:
     process alone: mapped, then unlinked at once. For benchmarks that must time the kernels on
     the memory the executor runs them on (profile/host.py)."""
     check_room(numel * dtype.itemsize, f"a benchmark buffer of {numel} {dtype} elements")
-    path = SHM_DIR / f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}.bench"
+    path = SHM_DIR / f"{segment_name()}.bench"
     try:
         return map_shared(path, numel, dtype)
     finally:
@@ -125,7 +192,8 @@ class HostState:
         once mapped: module docstring); `storage_of`: units that share memory (module
         docstring), None for none."""
         private = name is None
-        name = name or f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        reclaim_once()
+        name = name or segment_name()
         storage_of = checked_storage_of(list(unit_numels), storage_of)
         elems = sum(n for u, n in enumerate(unit_numels) if storage_of[u] == u)
         copy_bytes = 0 if copy_dtype is None else copy_dtype.itemsize

@@ -6,24 +6,44 @@ Started in every process torchrun launched (RANK, WORLD_SIZE, LOCAL_RANK in the 
                   host-side exchanges: names, barriers and the step-end sums.
   shared memory   `shared_tensor(tag, ...)` and `host_state(...)`: local rank 0 creates the file
                   in /dev/shm, every rank maps it after a barrier, and local rank 0 unlinks it
-                  after a second barrier. The memory lives as long as some process maps it, and
-                  nothing is left in /dev/shm whatever later happens to the processes.
-  status block    shared: per rank its state (running / failed / exited), its pid and a message.
-                  fail() writes this rank's; peer_failure() reads the others'.
-  watchdog        a thread that every WATCHDOG_S marks a peer whose process is gone (or a
-                  zombie) as failed, and on any peer failure prints
-                      slidedp rank R: stopping: rank Q failed: <cause>
-                  and leaves with os._exit(EXIT_PEER): a thread blocked in a collective cannot be
-                  interrupted otherwise. A rank that failed itself is forced out after
-                  FAIL_GRACE_S if its own teardown hangs.
-  SIGTERM         torchrun terminates the survivors as soon as its monitor sees a rank gone,
-                  which can be before their watchdogs have looked (a peer killed just before the
-                  monitor's poll: 1 run in ~50 of the CPU fault test). So the session (created in
-                  the main thread) defers SIGTERM (_DeferredTerm) to the watchdog, which waits up
-                  to PEER_GRACE_S for a peer's failure to show and stops naming it; with none
-                  (this rank alone was signalled: a user's kill, a preemption), this rank marks
-                  itself failed ("terminated by SIGTERM"), so its peers name it, and leaves. A rank
-                  already failing leaves at once.
+                  after a second barrier. The memory lives as long as some process maps it. Every
+                  file of the job is named "<session name>.<tag>" (host_state.segment_name: rank
+                  0's pid and start time), and every exit of a rank that is not the normal end
+                  removes whatever of them is still in /dev/shm (a peer killed while local rank 0
+                  fills the host state, the launcher gone, a stop); files of a job whose every
+                  process was killed are reclaimed by the next run (host_state.reclaim_segments).
+  status block    shared: per rank its state (running / failed / exited / stopped), its pid and
+                  a message. fail() writes this rank's; peer_failure() reads the others'.
+  watchdog        a thread, started before anything else, that every WATCHDOG_S
+                  - stops this rank when its launcher is gone: its parent (torchrun) changed or,
+                    started by `slidedp train --nproc R` (launch.py), that process is gone
+                    ("stopping: its launcher ... is gone"); PR_SET_PDEATHSIG (launch.py
+                    watch_parent) covers the time before the session exists;
+                  - marks a peer whose process is gone (or a zombie) as failed, and on any peer
+                    failure prints
+                        slidedp rank R: stopping: rank Q failed: <cause>
+                    and leaves with os._exit(EXIT_PEER): a thread blocked in a collective cannot
+                    be interrupted otherwise. A rank that failed itself is forced out after
+                    FAIL_GRACE_S if its own teardown hangs.
+  exit codes      the rank that failed exits EXIT_FAILED; a rank stopped by a peer's failure
+                  exits EXIT_PEER = 0, so that torchrun's report ("Root Cause (first observed
+                  failure)") names only failed ranks: with every rank exiting non-zero within
+                  the same second torchrun named rank 0, a survivor. torchrun's own status stays
+                  non-zero (the failed rank's), and with a launcher the failure's one line is
+                  also in its report file (launch.py), printed last by the launcher.
+  signals         SIGINT and SIGTERM (signals.py, mode "watch") are read by the watchdog, which
+                  first waits up to PEER_GRACE_S for a peer's failure to show (torchrun
+                  terminates the survivors as soon as its monitor sees a rank gone, which can be
+                  before their watchdogs have looked) and stops naming it. Otherwise the signal
+                  is the user's (a kill, Ctrl-C relayed by the launcher):
+                  - `graceful_stop` off (the default): this rank fails ("terminated by SIGTERM"),
+                    its peers name it;
+                  - `graceful_stop` on (`slidedp train`): before begin_steps() the rank stops at
+                    once (state stopped; nothing to save yet); afterwards the first signal is
+                    recorded and agree_stop(), called by every rank at each step boundary, ends
+                    the run there on every rank together (the trainer saves); a second signal
+                    stops this rank at once, unsaved. A peer that stopped at once stops this
+                    rank too.
 Blame: an error in this rank (the engine's tasks, or one leaving the `with` block) waits up to
 PEER_GRACE_S for a peer's failure to show (settled_peer_failure) before this rank takes the blame:
 a peer killed by a signal breaks this rank's collectives before /proc shows it gone.
@@ -31,7 +51,8 @@ Timeouts: init_process_group and every collective use `timeout_s` (NCCL tears th
 on a timeout: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set); the engine's cross-process waits give
 up after timeout_s as well. Used as a context manager, an exception leaving the block marks this
 rank failed, prints the cause and exits the process (EXIT_FAILED; EXIT_PEER when a peer's failure
-was the cause). Single host only: WORLD_SIZE must equal LOCAL_WORLD_SIZE.
+was the cause); an expected failure (SpecError, InfeasiblePlan, RunError) prints its one line
+only, anything else its traceback too. Single host only: WORLD_SIZE must equal LOCAL_WORLD_SIZE.
 """
 
 from __future__ import annotations
@@ -42,7 +63,6 @@ import sys
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -51,14 +71,17 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from slidedp.exec.host_state import SHM_DIR, HostState, map_shared
+from slidedp.exec.dist.launch import launcher_gone, write_report
+from slidedp.exec.host_state import SHM_DIR, HostState, map_shared, segment_name
+from slidedp.exec.outcome import EXIT_FAILED, expected_failure
+from slidedp.exec.signals import StopSignals, signal_name
 
-RUNNING, FAILED, EXITED = 0, 1, 2
+RUNNING, FAILED, EXITED, STOPPED = 0, 1, 2, 3
 MSG_BYTES = 512
 WATCHDOG_S = 0.1
 FAIL_GRACE_S = 10.0
 PEER_GRACE_S = 1.0  # an error waits this long for a peer's failure to show before taking the blame
-EXIT_FAILED, EXIT_PEER = 1, 3
+EXIT_PEER = 0  # a rank stopped by a peer's failure (module docstring: exit codes)
 
 
 class PeerFailure(RuntimeError):
@@ -73,53 +96,9 @@ def _process_gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-class _DeferredTerm:
-    """SIGTERM caught, not obeyed at once: the Python handler sets a flag and the C-level one writes
-    the signal number to a pipe (signal.set_wakeup_fd: seen even while the main thread is blocked
-    in a collective and cannot run Python handlers); the watchdog reads both. A forked child gets
-    the default SIGTERM back and no wakeup fd (it is not a rank)."""
-
-    def __init__(self):
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._flag = threading.Event()
-        self._old_fd = signal.set_wakeup_fd(self._w)
-        self._old_handler = signal.signal(signal.SIGTERM, lambda signum, frame: self._flag.set())
-        os.register_at_fork(after_in_child=_default_term_in_child)
-
-    def received(self) -> bool:
-        try:
-            if signal.SIGTERM in os.read(self._r, 256):
-                self._flag.set()
-        except BlockingIOError:
-            pass
-        return self._flag.is_set()
-
-    def restore(self) -> None:
-        """The previous handler and wakeup fd back; a SIGTERM that came after the watchdog's
-        last look is raised again, now to the previous handler."""
-        pending = self.received()
-        signal.signal(signal.SIGTERM, self._old_handler if self._old_handler is not None
-                      else signal.SIG_DFL)
-        signal.set_wakeup_fd(self._old_fd)
-        os.close(self._r)
-        os.close(self._w)
-        if pending:
-            signal.raise_signal(signal.SIGTERM)
-
-
-def _default_term_in_child() -> None:
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-    except ValueError:  # forked from a thread other than the main one: nothing was inherited
-        pass
-
-
 class DistSession:
     def __init__(self, device: str = "cuda", timeout_s: float = 300.0,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, graceful_stop: bool = False):
         env = os.environ
         try:
             self.rank, self.world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -130,6 +109,18 @@ class DistSession:
         if int(env.get("LOCAL_WORLD_SIZE", self.world_size)) != self.world_size:
             raise RuntimeError("DistSession: one host only (WORLD_SIZE != LOCAL_WORLD_SIZE)")
         self.timeout_s, self.num_threads = timeout_s, num_threads
+        self.graceful_stop = graceful_stop
+        self.name: str | None = None  # known once rank 0 has broadcast it
+        self._status = self._msg = None
+        self._failed_at: float | None = None
+        self._in_steps = False  # begin_steps() called: a first signal waits for a step boundary
+        self.stop_signal: int | None = None  # a stop request waiting for the next boundary
+        self._ppid = os.getppid()
+        self._stop = threading.Event()
+        main = threading.current_thread() is threading.main_thread()
+        self._signals = StopSignals("watch") if main else None
+        self._watchdog = threading.Thread(target=self._watch, daemon=True, name="slidedp-watchdog")
+        self._watchdog.start()
         timeout = timedelta(seconds=timeout_s)
         if torch.device(device).type == "cuda":
             env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
@@ -141,20 +132,16 @@ class DistSession:
             self.device = torch.device("cpu")
             dist.init_process_group("gloo", timeout=timeout)
             self.ctl = dist.group.WORLD
-        name = [f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}" if self.rank == 0 else None]
+        name = [segment_name() if self.rank == 0 else None]
         dist.broadcast_object_list(name, src=0, group=self.ctl)
-        self.name: str = name[0]
+        self.name = name[0]
         self._n_shared = 0
         R = self.world_size
-        self._status = self.shared_tensor("status", 2 * R, torch.int64).numpy()  # states, pids
+        status = self.shared_tensor("status", 2 * R, torch.int64).numpy()  # states, pids
         self._msg = self.shared_tensor("msg", R * MSG_BYTES, torch.uint8).numpy()
-        self._status[R + self.rank] = os.getpid()
+        status[R + self.rank] = os.getpid()
+        self._status = status
         self.barrier()
-        self._failed_at: float | None = None
-        self._stop = threading.Event()
-        self._term = _DeferredTerm() if threading.current_thread() is threading.main_thread() else None
-        self._watchdog = threading.Thread(target=self._watch, daemon=True, name="slidedp-watchdog")
-        self._watchdog.start()
 
     # ---- shared memory -------------------------------------------------------------------------
 
@@ -188,6 +175,12 @@ class DistSession:
             hs.unlink()
         return hs
 
+    def remove_files(self) -> None:
+        """Unlink every file of this job still in /dev/shm (mappings stay valid)."""
+        if self.name is not None:
+            for path in SHM_DIR.glob(f"{self.name}.*"):
+                path.unlink(missing_ok=True)
+
     # ---- host-side collectives (gloo) ----------------------------------------------------------
 
     def barrier(self) -> None:
@@ -198,15 +191,34 @@ class DistSession:
         dist.all_reduce(t, group=self.ctl)
         return t.tolist()
 
+    # ---- stop requests (graceful_stop) ---------------------------------------------------------
+
+    def begin_steps(self) -> None:
+        """From now on a first stop signal waits for agree_stop() at a step boundary."""
+        self._in_steps = True
+
+    def agree_stop(self, extra: list[float] = ()) -> tuple[int | None, list[float]]:
+        """At a step boundary, on every rank (collective): the stop signal some rank has
+        received (SIGINT if any rank got one, else SIGTERM), or None; and `extra` summed over the
+        ranks (one all-reduce for both)."""
+        mine = self.stop_signal
+        got = self.all_reduce_sum([*extra, float(mine == signal.SIGINT),
+                                   float(mine == signal.SIGTERM)])
+        n_int, n_term = got[-2:]
+        sig = signal.SIGINT if n_int else signal.SIGTERM if n_term else None
+        return (None if sig is None else int(sig)), got[:-2]
+
     # ---- failures ------------------------------------------------------------------------------
 
-    def fail(self, message: str) -> None:
-        """Mark this rank failed (first cause wins): every peer's watchdog stops its process."""
+    def fail(self, message: str, code: int = EXIT_FAILED) -> None:
+        """Mark this rank failed (first cause wins): every peer's watchdog stops its process.
+        `code`: the job's exit status in the launcher's report (2 for bad input)."""
         if self._status[self.rank] != RUNNING:
             return
         self._write_msg(self.rank, message)
         self._status[self.rank] = FAILED
         self._failed_at = time.monotonic()
+        write_report(code, f"rank {self.rank} failed: {message}")
 
     def peer_failure(self) -> str | None:
         """'rank Q failed: <cause>' for the first peer marked failed, else None (cheap: polled)."""
@@ -215,10 +227,19 @@ class DistSession:
                 return f"rank {q} failed: {self._read_msg(q)}"
         return None
 
+    def peer_stopped(self) -> str | None:
+        """'rank Q stopped: <how>' for the first peer that stopped at once on a signal."""
+        for q in range(self.world_size):
+            if q != self.rank and self._status[q] == STOPPED:
+                return f"rank {q} {self._read_msg(q)}"
+        return None
+
     def settled_peer_failure(self, grace_s: float = PEER_GRACE_S) -> str | None:
         """peer_failure(), waiting up to grace_s for one to show, marking dead peers meanwhile:
         a peer killed by a signal closes its sockets (the error this rank is reporting) before its
         process is gone from /proc, so without the wait this rank would blame itself."""
+        if self._status is None:
+            return None
         deadline = time.monotonic() + grace_s
         while True:
             self.mark_dead_peers()
@@ -233,9 +254,11 @@ class DistSession:
         for q in range(R):
             pid = int(self._status[R + q])
             if q != self.rank and self._status[q] == RUNNING and pid and _process_gone(pid):
-                self._write_msg(q, f"its process (pid {pid}) died without a report "
-                                   "(killed by a signal or exited)")
+                message = ("its process (pid {pid}) died without a report (killed by a signal "
+                           "or exited)").format(pid=pid)
+                self._write_msg(q, message)
                 self._status[q] = FAILED
+                write_report(EXIT_FAILED, f"rank {q} failed: {message}")
 
     def _read_msg(self, q: int) -> str:
         raw = bytes(self._msg[q * MSG_BYTES:(q + 1) * MSG_BYTES]).rstrip(b"\0")
@@ -247,38 +270,67 @@ class DistSession:
         block[:] = 0
         block[:len(raw)] = list(raw)
 
+    # ---- the watchdog --------------------------------------------------------------------------
+
     def _watch(self) -> None:
         try:
             while not self._stop.wait(WATCHDOG_S):
                 self._look()
-        except BaseException as e:  # noqa: BLE001 - a dead watchdog would leave SIGTERM unheard
+        except BaseException as e:  # noqa: BLE001 - a dead watchdog would leave signals unheard
             self._exit(EXIT_FAILED, f"failed: the watchdog raised {type(e).__name__}: {e}")
 
     def _look(self) -> None:
-        """One watchdog round (module docstring: watchdog, SIGTERM)."""
-        term = self._term is not None and self._term.received()
+        """One watchdog round (module docstring: watchdog, signals)."""
+        sigs = self._signals.poll() if self._signals is not None else []
         if self._failed_at is not None:  # this rank is the cause: only bound its teardown
-            if term or time.monotonic() - self._failed_at > FAIL_GRACE_S:
+            if sigs or time.monotonic() - self._failed_at > FAIL_GRACE_S:
                 self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)} ("
-                           + ("terminated while tearing down)" if term else
+                           + ("terminated while tearing down)" if sigs else
                               f"teardown still running after {FAIL_GRACE_S} s)"))
             return
-        if term:  # the peer that made torchrun stop us, or this rank was the one signalled
-            peer = self.settled_peer_failure()
-            if peer is not None and self._failed_at is None:
-                self._exit(EXIT_PEER, f"stopping: {peer}")
-            self.fail("terminated by SIGTERM")
-            self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)}")
+        gone = launcher_gone(self._ppid)
+        if gone is not None:
+            self._exit(EXIT_FAILED, f"stopping: {gone}")
+        if sigs:
+            self._on_signals(sigs)
+        if self._status is None:  # still starting: no peers to look at yet
+            return
         self.mark_dead_peers()
-        peer = self.peer_failure()
+        peer = self.peer_failure() or self.peer_stopped()
         if peer is not None:
             self._exit(EXIT_PEER, f"stopping: {peer}")
 
-    def _exit(self, code: int, message: str) -> None:
-        """Report and leave now, whatever happens to the report; a rank stopping for a peer is
-        marked exited (not failed) unless it has failed itself meanwhile."""
+    def _on_signals(self, sigs: list[int]) -> None:
+        """SIGINT / SIGTERM received (module docstring: signals)."""
+        peer = self.settled_peer_failure()
+        if peer is not None:  # torchrun stopping the survivors of a failed rank
+            self._exit(EXIT_PEER, f"stopping: {peer}")
+        gone = launcher_gone(self._ppid)  # PR_SET_PDEATHSIG's SIGTERM: the launcher died
+        if gone is not None:
+            self._exit(EXIT_FAILED, f"stopping: {gone}")
+        name = signal_name(sigs[-1])
+        if not self.graceful_stop:
+            if self._status is not None:
+                self.fail(f"terminated by {name}")
+            self._exit(EXIT_FAILED, f"failed: terminated by {name}")
+        if self._in_steps and self._signals.count == 1:
+            self.stop_signal = sigs[0]  # agree_stop() ends the run at the next boundary
+            return
+        how = ("stopped by a second " + name + ", unsaved") if self._in_steps \
+            else f"stopped by {name} before training"
+        if self._status is not None:
+            self._write_msg(self.rank, how)
+            self._status[self.rank] = STOPPED
+        self._exit(128 + sigs[-1], how)
+
+    def _exit(self, code: int, message: str) -> NoReturn:
+        """Report and leave now, whatever happens to the report; removes the job's files still in
+        /dev/shm; a rank stopping for a peer is marked exited (not failed) unless it has failed
+        itself meanwhile."""
         try:
-            if code == EXIT_PEER and self._status[self.rank] == RUNNING:
+            self.remove_files()
+            if code == EXIT_PEER and self._status is not None \
+                    and self._status[self.rank] == RUNNING:
                 self._status[self.rank] = EXITED
             print(f"slidedp rank {self.rank}: {message}", file=sys.stderr, flush=True)
             sys.stdout.flush()
@@ -295,8 +347,8 @@ class DistSession:
         self._status[self.rank] = EXITED
         self._stop.set()
         self._watchdog.join()
-        if self._term is not None:
-            self._term.restore()
+        if self._signals is not None:
+            self._signals.restore()
         dist.destroy_process_group()
 
     def __enter__(self) -> DistSession:
@@ -310,8 +362,9 @@ class DistSession:
             peer = None if isinstance(exc, PeerFailure) else self.settled_peer_failure()
             if isinstance(exc, PeerFailure) or peer is not None:
                 self._exit(EXIT_PEER, f"stopping: {exc if isinstance(exc, PeerFailure) else peer}")
-            self.fail(f"{exc_type.__name__}: {exc}")
-        traceback.print_exception(exc)
+            self.fail(f"{exc_type.__name__}: {exc}", expected_failure(exc) or EXIT_FAILED)
+        if expected_failure(exc) is None:
+            traceback.print_exception(exc)
         self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)}")
         return False
 
