@@ -49,6 +49,9 @@ Schema (units in names):
   [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
               cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
               efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
+  [topology]  (optional) sockets, the PCIe tree and the GPU links: schema in
+              slidedp/spec/topology.py; without it the flat spec is one socket and one switch
+              (HardwareSpec.topology)
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from slidedp.spec.curves import RateCurve, log_between
 from slidedp.spec.errors import SpecError
 from slidedp.spec.host import HostSpec, parse_host
 from slidedp.spec.tomlio import Table, read_toml, sources_of, triples
+from slidedp.spec.topology import Topology, flat_topology, parse_topology
 from slidedp.spec.units import GB, GIB, MIB
 
 FABRIC_KINDS = ("pcie", "nvlink-pairs", "nvswitch")
@@ -207,6 +211,16 @@ class HardwareSpec:
     host: HostSpec
     fabric: FabricSpec
     origin: str = field(default="", compare=False)
+    # the file's [topology] table; None: the flat spec stands for one (topology)
+    explicit_topology: Topology | None = None
+
+    @property
+    def topology(self) -> Topology:
+        """The sockets, PCIe tree and GPU links: the file's [topology], else the flat spec's
+        one socket and one switch (spec/topology.py flat_topology), from the current fields."""
+        if self.explicit_topology is not None:
+            return self.explicit_topology
+        return flat_topology(self.gpu.count, self.pcie, self.host, self.fabric)
 
     def source_of(self, section: str, key: str) -> str:
         return getattr(self, section).sources[key]
@@ -299,8 +313,12 @@ def parse_hardware(data: dict, where: str) -> HardwareSpec:
     hw = root.sub("hardware")
     name, desc = hw.str("name"), hw.str("description", "")
     hw.done()
-    spec = HardwareSpec(name, desc, _gpu(root.sub("gpu")), _pcie(root.sub("pcie")),
-                        parse_host(root.sub("host")), _fabric(root.sub("fabric")), origin=where)
+    gpu, pcie = _gpu(root.sub("gpu")), _pcie(root.sub("pcie"))
+    host, fabric = parse_host(root.sub("host")), _fabric(root.sub("fabric"))
+    topology = (parse_topology(root.sub("topology"), gpu.count, pcie, host, fabric.kind)
+                if root.has("topology") else None)
+    spec = HardwareSpec(name, desc, gpu, pcie, host, fabric, origin=where,
+                        explicit_topology=topology)
     root.done()
     return spec
 
