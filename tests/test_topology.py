@@ -100,7 +100,9 @@ def test_flat_h2d_crosses_the_links_graph_costs_charges():
     """One GPU's upload in the flat case: its own link and duplex cap, the all-GPU caps, DRAM
     (the resources graph/costs.py gives an H2D: gpu{r}.h2d, .duplex, host.h2d, host.pcie,
     host.dram)."""
-    hw = load_hardware("h200x2")
+    raw = _raw("h200x2")
+    raw.pop("topology", None)
+    hw = parse_hardware(raw, "flat.toml")
     path = hw.topology.h2d(1)
     assert {h.resource: h.capacity_bps for h in path} == {
         "socket0.dram": hw.host.dram_bps, "switch0.h2d": hw.pcie.all_h2d_bps,
@@ -144,7 +146,7 @@ def topologies(draw):
                 sw[key] = draw(rate)
         switches.append(sw)
     gpus = {"switch": [draw(st.integers(0, n_switches - 1)) for _ in range(n_gpus)],
-            "p2p": draw(st.sampled_from(["pcie", "none"])), "source": SRC}
+            "p2p": draw(st.sampled_from(["system", "socket", "switch", "none"])), "source": SRC}
     fabric = draw(st.sampled_from(["pcie", "nvlink-pairs", "nvswitch"] if n_gpus > 1
                                   else ["pcie", "nvswitch"]))
     if fabric == "nvswitch":
@@ -152,7 +154,7 @@ def topologies(draw):
     elif fabric == "nvlink-pairs":
         gpus["nvlink"] = [[r, r + 1] for r in range(0, n_gpus - 1, 2)]
         gpus["nvlink_gbps"] = draw(rate)
-    if gpus["p2p"] == "pcie" and draw(st.booleans()):
+    if gpus["p2p"] != "none" and draw(st.booleans()):
         gpus["p2p_gbps"] = draw(rate)
     table = {"source": SRC, "memory": draw(st.sampled_from(["interleave", "shard", "local"])),
              "socket": sockets, "switch": switches, "gpus": gpus}

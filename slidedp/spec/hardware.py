@@ -13,6 +13,10 @@ Schema (units in names):
               [[gpu.layer_time]] hidden, ffn, seq, micro_batch, fwd_bwd_s (one micro-batch),
                                  source, sac_recompute_fraction (optional: policy sac's
                                  recompute / its forward)   (optional)
+              [gpu.ops]  (optional) rates by kind of operation for a layer's time from
+                         microbenchmarks and datasheets (slidedp/spec/gpu_ops.py): sms,
+                         gemm_tflops at gemm_shape, copy_gbps, elementwise_fraction,
+                         kernel_overhead_us, attention, attention_fwd_tflops, attention_bwd_tflops
   [pcie]      h2d_gbps, d2h_gbps (one GPU, one direction), duplex_gbps (one GPU, both directions),
               all_h2d_gbps, all_d2h_gbps, all_total_gbps (all GPUs at once: host-side caps), source
               chunk_gbps = [[chunk_mib, h2d, d2h], ...]  (optional) one GPU alone, by copy size
@@ -65,6 +69,7 @@ from types import MappingProxyType
 
 from slidedp.spec.curves import RateCurve, log_between
 from slidedp.spec.errors import SpecError
+from slidedp.spec.gpu_ops import GpuOps, parse_gpu_ops
 from slidedp.spec.host import HostSpec, parse_host
 from slidedp.spec.tomlio import Table, read_toml, sources_of, triples
 from slidedp.spec.topology import Topology, flat_topology, parse_topology
@@ -101,6 +106,7 @@ class GpuSpec:
     achieved: tuple[tuple[float, float, float], ...]  # (hidden, tokens, flop/s), sorted
     layer_times: tuple[LayerTime, ...]
     sources: MappingProxyType
+    ops: GpuOps | None = None  # [gpu.ops]: rates by kind of operation (spec/gpu_ops.py)
 
     def achieved_flops(self, hidden: int, tokens: float) -> float:
         """Achieved dense rate for a layer of width `hidden` on `tokens` tokens (FLOP/s).
@@ -272,9 +278,10 @@ def _gpu(t: Table) -> GpuSpec:
             lts.append(LayerTime(s.int("hidden"), s.int("ffn"), s.int("seq"), s.int("micro_batch"),
                                  s.num("fwd_bwd_s"), s.str("source"), sac))
             s.done()
+    ops = parse_gpu_ops(t.sub("ops"), peak) if t.has("ops") else None
     src = sources_of(t, keys)
     t.done()
-    return GpuSpec(model, count, hbm, hbm_bps, peak, tuple(sorted(ach)), tuple(lts), src)
+    return GpuSpec(model, count, hbm, hbm_bps, peak, tuple(sorted(ach)), tuple(lts), src, ops)
 
 
 def _pcie(t: Table) -> PcieSpec:

@@ -21,8 +21,9 @@ Schema (units in names; every table has a `source` and may override it per field
                         socket's root complex), kind = "switch" | "root-port", h2d_gbps, d2h_gbps
                         (the uplink, per direction), duplex_gbps (optional: both directions),
                         p2p_gbps (optional: its forwarding of peer copies between its ports)
-  [topology.gpus]       switch = [index per GPU], p2p = "pcie" | "none" (PCIe peer-to-peer through
-                        switches and root complexes, or none: peer traffic is staged through host
+  [topology.gpus]       switch = [index per GPU], p2p = "system" | "socket" | "switch" | "none"
+                        (how far PCIe peer-to-peer reaches: anywhere, within a socket, below a
+                        common switch, nowhere; peers beyond it stage their copies through host
                         memory), p2p_gbps (optional: one peer copy's rate over PCIe),
                         nvlink = [[r, s], ...] with nvlink_gbps (bridges, per direction), or
                         nvswitch_gbps (every GPU's ports to an NVSwitch, per direction);
@@ -59,7 +60,10 @@ from slidedp.spec.units import GB, GIB
 
 MEMORY_PLACEMENTS = ("interleave", "shard", "local")
 SWITCH_KINDS = ("switch", "root-port")
-P2P_MODES = ("pcie", "none")
+# how far PCIe peer-to-peer reaches (NCCL_P2P_LEVEL's PXB, PHB, SYS, LOC): below a common switch,
+# within a socket's root complex, across sockets, or nowhere; peers beyond it stage through host
+# memory
+P2P_MODES = ("system", "socket", "switch", "none")
 DIRECTIONS = ("h2d", "d2h")
 
 
@@ -125,7 +129,7 @@ class GpuLinks:
     h2d_bps: float
     d2h_bps: float
     duplex_bps: float
-    p2p: str = "pcie"
+    p2p: str = "system"
     p2p_bps: float | None = None
     nvlink: tuple[tuple[int, int], ...] = ()
     nvlink_bps: float | None = None
@@ -151,7 +155,7 @@ class Topology:
     gpus: GpuLinks
     socket_link_bps: float | None = None
     memory: str = "interleave"
-    origin: str = ""  # "flat" (derived from the flat spec) or the file it was read from
+    origin: str = field(default="", compare=False)  # "flat", or the file it was read from
     sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     # ---- structure ----------------------------------------------------------------------------
@@ -219,12 +223,35 @@ class Topology:
         if self.gpus.nvswitch_bps is not None:
             for r in range(self.gpus.count):
                 out[f"gpu{r}.nvswitch_out"] = out[f"gpu{r}.nvswitch_in"] = self.gpus.nvswitch_bps
-        if self.gpus.p2p == "pcie" and self.gpus.p2p_bps is not None:
+        if self.gpus.p2p_bps is not None:
             for r in range(self.gpus.count):
                 for s in range(self.gpus.count):
                     if r != s and not self._fabric_joins(r, s):
                         out[f"p2p{r}.to{s}"] = self.gpus.p2p_bps
         return out
+
+    def all_gpus_bps(self, direction: str, gpus: tuple[int, ...] | None = None) -> float:
+        """What `gpus` (default all) copying in `direction` at once reach together, each with
+        its own socket's memory: the maximum flow through the sockets' DRAM and DMA caps, the
+        switch uplinks and the GPU links of that direction (networkx maximum_flow). The flat
+        spec's all-GPU cap (pcie.all_h2d_gbps, all_d2h_gbps) summarizes this."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction one of {DIRECTIONS}, got {direction!r}")
+        caps = self.resources()
+        g = nx.DiGraph()
+        for k, s in enumerate(self.sockets):
+            g.add_edge("memory", f"socket{k}", capacity=s.dram_bps)
+            g.add_edge(f"socket{k}", f"socket{k}:dma",
+                       capacity=caps.get(f"socket{k}.{direction}", float("inf")))
+        for r in gpus if gpus is not None else range(self.gpus.count):
+            node = f"gpu{r}"
+            while not node.startswith("socket"):
+                above = self._parent(node)
+                top = f"{above}:dma" if above.startswith("socket") else above
+                g.add_edge(top, node, capacity=caps[f"{node}.{direction}"])
+                node = above
+            g.add_edge(f"gpu{r}", "gpus", capacity=float("inf"))
+        return nx.maximum_flow_value(g, "memory", "gpus")
 
     # ---- host memory --------------------------------------------------------------------------
 
@@ -266,9 +293,9 @@ class Topology:
 
     def p2p(self, src: int, dst: int) -> Path:
         """A peer copy from GPU `src` to GPU `dst`: over NVLink where the fabric joins them;
-        else over PCIe along the tree (up to the nearest common switch or root complex, whose
-        peer forwarding cap it takes, across the socket link between two sockets); else,
-        without PCIe peer-to-peer, staged through host memory on the source's socket (D2H, then
+        else over PCIe along the tree where the p2p level reaches (up to the nearest common
+        switch or root complex, whose peer forwarding cap it takes, across the socket link
+        between two sockets); else staged through host memory on the source's socket (D2H, then
         H2D: that memory is crossed twice)."""
         self._check_gpu(src)
         self._check_gpu(dst)
@@ -280,10 +307,12 @@ class Topology:
         if g.nvswitch_bps is not None:
             return (Hop(f"gpu{src}.nvswitch_out", g.nvswitch_bps),
                     Hop(f"gpu{dst}.nvswitch_in", g.nvswitch_bps))
-        if g.p2p == "none":
+        nodes = nx.shortest_path(self.tree(), f"gpu{src}", f"gpu{dst}")
+        sockets = sum(n.startswith("socket") for n in nodes)
+        reach = {"system": 2, "socket": 1, "switch": 0, "none": -1}[g.p2p]
+        if sockets > reach:
             home = {self.gpu_socket(src): 1.0}
             return merged(self.d2h(src, home), self.h2d(dst, home))
-        nodes = nx.shortest_path(self.tree(), f"gpu{src}", f"gpu{dst}")
         hops = self._walk(nodes)
         if g.p2p_bps is not None:
             hops += (Hop(f"p2p{src}.to{dst}", g.p2p_bps),)
@@ -521,7 +550,7 @@ def _gpus(t: Table, gpu_count: int, n_switches: int, pcie) -> GpuLinks:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_switches:
             raise SpecError(t.where, f"topology.gpus.switch[{r}]",
                             f"the index of a switch in 0..{n_switches - 1} (GPU {r}), got {i!r}")
-    p2p = t.str("p2p", "pcie", choices=P2P_MODES)
+    p2p = t.str("p2p", "system", choices=P2P_MODES)
     pairs = _pairs(t.raw("nvlink", []), gpu_count, t.where)
     nvlink_bps = t.num("nvlink_gbps") * GB if pairs or t.has("nvlink_gbps") else None
     if nvlink_bps is not None and not pairs:
@@ -532,7 +561,8 @@ def _gpus(t: Table, gpu_count: int, n_switches: int, pcie) -> GpuLinks:
                         "either NVLink bridges (nvlink) or an NVSwitch, not both")
     p2p_bps = t.num("p2p_gbps") * GB if t.has("p2p_gbps") else None
     if p2p_bps is not None and p2p == "none":
-        raise SpecError(t.where, "topology.gpus.p2p_gbps", "only with p2p = \"pcie\"")
+        raise SpecError(t.where, "topology.gpus.p2p_gbps", "only where PCIe peer-to-peer exists "
+                                                           "(p2p other than \"none\")")
     rates = {k: t.num(k) * GB if t.has(k) else None for k in ("h2d_gbps", "d2h_gbps",
                                                               "duplex_gbps")}
     keys = ["switch", "p2p"] + [k for k in ("nvlink", "nvlink_gbps", "nvswitch_gbps", "p2p_gbps",
