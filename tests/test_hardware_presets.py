@@ -36,6 +36,7 @@ KIND_WORDS = (
     "derived",
     "unused",
     "lending",
+    "projected",
 )
 
 
@@ -86,6 +87,47 @@ def test_every_number_has_a_source(name):
             assert isinstance(text, str) and text.strip(), f"{name}: {sec}.{key} has no source"
     for lt in hw.gpu.layer_times:
         assert lt.source.strip()
+
+
+def _tables_with_sources(name: str):
+    """(dotted name, raw table, its parsed sources) of [gpu.ops] and every [topology] table."""
+    hw, raw = load_hardware(name), _raw(name)
+    topo = hw.topology
+    out = [("gpu.ops", raw["gpu"]["ops"], hw.gpu.ops.sources),
+           ("topology", raw["topology"], topo.sources),
+           ("topology.gpus", raw["topology"]["gpus"], topo.gpus.sources)]
+    out += [(f"topology.socket[{k}]", t, s.sources)
+            for k, (t, s) in enumerate(zip(raw["topology"]["socket"], topo.sockets, strict=True))]
+    out += [(f"topology.switch[{i}]", t, s.sources)
+            for i, (t, s) in enumerate(zip(raw["topology"]["switch"], topo.switches, strict=True))]
+    return out
+
+
+@pytest.mark.parametrize("name", hardware_presets())
+def test_topology_and_gpu_ops_numbers_have_sources_saying_what_kind(name):
+    """Every preset has a [topology] and a [gpu.ops] table; each number in them names its source,
+    and each source says what kind of number it is (datasheet, measured, estimate, ...)."""
+    for where, table, sources in _tables_with_sources(name):
+        numeric = [k for k, v in table.items() if k not in ("source", "sources", "socket", "switch",
+                                                             "gpus", "kind", "attention")
+                   and isinstance(v, int | float | list) and not isinstance(v, bool)]
+        for key in numeric:
+            text = sources.get(key, "")
+            assert text.strip(), f"{name}: {where}.{key} has no source"
+            assert any(w in text.lower() for w in KIND_WORDS), f"{name}: {where}.{key}: {text!r}"
+
+
+@pytest.mark.parametrize("name", hardware_presets())
+def test_preset_topology_agrees_with_the_flat_spec(name):
+    """The explicit topology has the GPU count, cores and fabric of the flat tables, and the
+    flat per-GPU link rates are the GPUs' own links."""
+    hw = load_hardware(name)
+    topo = hw.explicit_topology
+    assert topo is not None, f"{name} has no [topology]"
+    assert topo.gpus.count == hw.gpu.count
+    assert sum(topo.cores_by_socket()) == hw.host.cores
+    assert topo.gpus.fabric_kind == hw.fabric.kind
+    assert (topo.gpus.h2d_bps, topo.gpus.d2h_bps) == (hw.pcie.h2d_bps, hw.pcie.d2h_bps)
 
 
 @pytest.mark.parametrize("name", sorted(set(FABRIC_KIND) - {"h200x2"}))
@@ -167,7 +209,8 @@ BAD = {
         _edit("[pcie.sources]\n", '[pcie.sources]\nh2d_gpbs = "x"\n'),
         "pcie.sources.h2d_gpbs",
     ),
-    "negative rate": (_edit("\nh2d_gbps = 25\n", "\nh2d_gbps = -25\n"), "pcie.h2d_gbps"),
+    "negative rate": (_edit("[pcie]\nh2d_gbps = 25\n", "[pcie]\nh2d_gbps = -25\n"),
+                      "pcie.h2d_gbps"),
     "negative curve rate": (_edit("[8, 7.8]", "[8, -7.8]"), "host.cast_gelem_per_s"),
     "missing section": (lambda t: _section_removed(t, "pcie"), "pcie"),
     "non-monotone curve": (
