@@ -162,11 +162,21 @@ def test_a800_reproduces_paper_cast_h2d(name):
     hw = load_hardware(name)
     one = min(2 * hw.host.cast_rate(hw.host.cores / 2), hw.pcie.h2d_bps)  # BF16: 2 B/elem
     assert one == pytest.approx(15.6e9, rel=0.03)
-    two_each = min(2 * one, hw.pcie.all_h2d_bps) / 2
+    # two GPUs of one socket (GPUs 0 and 1, under one switch) share that socket's host-side cap
+    two_each = min(2 * one, hw.topology.all_gpus_bps("h2d", (0, 1))) / 2
     assert two_each == pytest.approx(8.7e9, rel=0.03)
     # DRAM must not be the binding cap: cast traffic plus the DMA read of the BF16 copy
     elems_per_s = 2 * two_each / 2  # both GPUs' BF16 bytes at 2 B/elem
     assert elems_per_s * (hw.host.cast_dram_bytes_per_elem + 2) < hw.host.dram_bps
+
+
+@pytest.mark.parametrize("name", hardware_presets())
+def test_flat_all_gpu_caps_summarize_the_topology(name):
+    """pcie.all_h2d_gbps and all_d2h_gbps are what every GPU copying at once reaches through
+    the topology (sockets' DRAM and DMA caps, switch uplinks, GPU links)."""
+    hw = load_hardware(name)
+    for direction, flat in (("h2d", hw.pcie.all_h2d_bps), ("d2h", hw.pcie.all_d2h_bps)):
+        assert hw.topology.all_gpus_bps(direction) == pytest.approx(flat, rel=0.01), direction
 
 
 def test_single_gpu_caps_equal_per_gpu_rates():
