@@ -246,7 +246,7 @@ class Topology:
         for r in gpus if gpus is not None else range(self.gpus.count):
             node = f"gpu{r}"
             while not node.startswith("socket"):
-                above = self._parent(node)
+                above = self.parent_of(node)
                 top = f"{above}:dma" if above.startswith("socket") else above
                 g.add_edge(top, node, capacity=caps[f"{node}.{direction}"])
                 node = above
@@ -355,7 +355,7 @@ class Topology:
         return (self.gpus.nvswitch_bps is not None or (r, s) in self.gpus.nvlink
                 or (s, r) in self.gpus.nvlink)
 
-    def _parent(self, node: str) -> str | None:
+    def parent_of(self, node: str) -> str | None:
         """The node above `node` in the PCIe tree (None for a socket)."""
         if node.startswith("gpu"):
             return f"switch{self.gpus.switch[int(node[3:])]}"
@@ -367,8 +367,8 @@ class Topology:
     def _forwards(self, before: str, node: str, after: str) -> bool:
         """Whether a walk through `node` is peer forwarding there: it arrives from below and
         leaves downward or to another socket, or arrives from another socket."""
-        from_below = self._parent(before) == node
-        down = self._parent(after) == node
+        from_below = self.parent_of(before) == node
+        down = self.parent_of(after) == node
         if not node.startswith("socket"):
             return from_below and down
         return (from_below and (down or after.startswith("socket"))) or (
@@ -389,10 +389,10 @@ class Topology:
         for i, (u, v) in enumerate(zip(nodes, nodes[1:], strict=False)):
             if i > 0 and self._forwards(nodes[i - 1], u, v):
                 charge(f"{u}.p2p")
-            if self._parent(u) == v:
+            if self.parent_of(u) == v:
                 charge(f"{u}.d2h")
                 charge(f"{u}.duplex")
-            elif self._parent(v) == u:
+            elif self.parent_of(v) == u:
                 charge(f"{v}.h2d")
                 charge(f"{v}.duplex")
             else:  # two sockets
@@ -416,7 +416,7 @@ class Topology:
                 if n in caps]
         chain = [f"gpu{gpu}"]
         while chain[-1] != f"socket{k}":
-            chain.append(self._parent(chain[-1]))
+            chain.append(self.parent_of(chain[-1]))
         if direction == "h2d":
             return merged(tuple(host + sock) + self._walk(chain[::-1]))
         return merged(self._walk(chain) + tuple(sock + host))
