@@ -50,6 +50,7 @@ twice). A flow of rate x draws x * share on each hop, so alone it runs at min(ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 import networkx as nx
@@ -172,7 +173,12 @@ class Topology:
 
     def tree(self) -> nx.Graph:
         """The host and PCIe tree: socket, switch and GPU nodes ("socket0", "switch1", "gpu3"),
-        with the sockets joined by the inter-socket link (edge kind "socket-link")."""
+        with the sockets joined by the inter-socket link (edge kind "socket-link"). Built once
+        per topology: do not change it."""
+        return self._tree
+
+    @cached_property
+    def _tree(self) -> nx.Graph:
         g = nx.Graph()
         for k, s in enumerate(self.sockets):
             g.add_node(f"socket{k}", kind="socket", index=k, spec=s)
@@ -203,6 +209,10 @@ class Topology:
 
     def resources(self) -> dict[str, float]:
         """Every link and cap of this topology: name -> capacity (bytes/s)."""
+        return dict(self._caps)
+
+    @cached_property
+    def _caps(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for r in range(self.gpus.count):
             out |= _link(f"gpu{r}", self.gpus.h2d_bps, self.gpus.d2h_bps, self.gpus.duplex_bps)
@@ -237,7 +247,7 @@ class Topology:
         spec's all-GPU cap (pcie.all_h2d_gbps, all_d2h_gbps) summarizes this."""
         if direction not in DIRECTIONS:
             raise ValueError(f"direction one of {DIRECTIONS}, got {direction!r}")
-        caps = self.resources()
+        caps = self._caps
         g = nx.DiGraph()
         for k, s in enumerate(self.sockets):
             g.add_edge("memory", f"socket{k}", capacity=s.dram_bps)
@@ -307,7 +317,7 @@ class Topology:
         if g.nvswitch_bps is not None:
             return (Hop(f"gpu{src}.nvswitch_out", g.nvswitch_bps),
                     Hop(f"gpu{dst}.nvswitch_in", g.nvswitch_bps))
-        nodes = nx.shortest_path(self.tree(), f"gpu{src}", f"gpu{dst}")
+        nodes = nx.shortest_path(self._tree, f"gpu{src}", f"gpu{dst}")
         sockets = sum(n.startswith("socket") for n in nodes)
         reach = {"system": 2, "socket": 1, "switch": 0, "none": -1}[g.p2p]
         if sockets > reach:
@@ -379,7 +389,7 @@ class Topology:
         uplink d2h (and duplex), one going down the lower node's h2d (and duplex), one between
         sockets their link; a switch or socket where the walk turns from up to down, or crosses
         to or from another socket, charges its peer forwarding cap (p2p)."""
-        caps = self.resources()
+        caps = self._caps
         hops: list[Hop] = []
 
         def charge(name: str) -> None:
@@ -411,7 +421,7 @@ class Topology:
             if j != k:
                 link = f"socket{j}.to{k}" if direction == "h2d" else f"socket{k}.to{j}"
                 host.append(Hop(link, self.socket_link_bps, f))
-        caps = self.resources()
+        caps = self._caps
         sock = [Hop(n, caps[n]) for n in (f"socket{k}.{direction}", f"socket{k}.duplex")
                 if n in caps]
         chain = [f"gpu{gpu}"]
