@@ -22,6 +22,7 @@ FABRIC_KIND = {
     "a800x4": "nvlink-pairs",
     "a800x8": "nvlink-pairs",
     "a800x4-nobridge": "pcie",
+    "a800x8-nobridge": "pcie",
     "rtx4090x4": "pcie",
 }
 SECTIONS = ("gpu", "pcie", "host", "fabric")
@@ -156,7 +157,7 @@ def test_h100_adam_saturates_near_16_cores(name):
     assert 182e9 <= host.adam_rate(16) * 16 <= 184e9
 
 
-@pytest.mark.parametrize("name", ["a800x4", "a800x8", "a800x4-nobridge"])
+@pytest.mark.parametrize("name", ["a800x4", "a800x8", "a800x4-nobridge", "a800x8-nobridge"])
 def test_a800_reproduces_paper_cast_h2d(name):
     """Per GPU: min(cast, H2D link); GPUs at once share the host-side H2D cap (method.md 9)."""
     hw = load_hardware(name)
