@@ -1,7 +1,7 @@
 """GPU compute by kind of operation (slidedp/spec/gpu_ops.py): the layer's ops count the FLOPs the
 model counts, fused kernels move fewer bytes, and the check against measured whole layers.
 
-The check: the same code, from the H200's microbenchmarks and datasheet ([gpu.ops] of h200x1),
+The check: the same code, from the H200's microbenchmarks and datasheet ([gpu.ops] of h200x2),
 predicts the fwd + bwd times of one decoder layer measured on the lent H200
 (shared/data/h200x2-probe.md, transformers' Qwen3DecoderLayer, SDPA, seq 4096). Those times are
 data here, not inputs: nothing in [gpu.ops] was set from them.
@@ -39,7 +39,7 @@ MEASURED_MS = {
 }
 
 
-def _predicted_ms(model: str, micro_batch: int, preset: str = "h200x1") -> float:
+def _predicted_ms(model: str, micro_batch: int, preset: str = "h200x2") -> float:
     t = layer_seconds(load_model(model), SEQ, micro_batch, load_hardware(preset).gpu)
     return (t["fwd"] + t["bwd"]) * 1e3
 
@@ -67,7 +67,7 @@ def test_fused_kernels_move_fewer_bytes_and_launch_fewer_kernels():
         assert f.hbm_bytes <= e.hbm_bytes and f.kernels <= e.kernels
     norm = {o.phase: o.kernels for o in eager if o.name.startswith("input_norm")}
     assert norm == {"fwd": 8, "bwd": 12}  # the eager norm's kernels (module docstring)
-    gpu = load_hardware("h200x1").gpu
+    gpu = load_hardware("h200x2").gpu
     t = {k: layer_seconds(m, SEQ, 1, gpu, k) for k in ("eager", "fused")}
     assert t["fused"]["fwd"] < t["eager"]["fwd"] and t["fused"]["bwd"] < t["eager"]["bwd"]
 
@@ -78,7 +78,7 @@ def test_wave_efficiency_is_one_for_full_waves_and_lower_for_a_partial_one():
 
 
 def test_layer_time_grows_with_the_micro_batch_and_sac_recomputes_less_than_the_layer():
-    m, gpu = load_model("qwen3-4b"), load_hardware("h200x1").gpu
+    m, gpu = load_model("qwen3-4b"), load_hardware("h200x2").gpu
     times = [sum(layer_seconds(m, SEQ, b, gpu).values()) for b in (1, 2, 4)]
     assert times[0] < times[1] < times[2] <= 4 * times[0]
     fwd = layer_seconds(m, SEQ, 4, gpu)["fwd"]
@@ -110,8 +110,8 @@ def test_unprofiled_gpus_rank_as_their_datasheets_and_stay_below_peak():
     then the A800, then the H100, then the H200 (more HBM bandwidth, same peak); every achieved
     row is below the GPU's peak."""
     m = load_model("qwen3-8b")
-    ms = {p: _predicted_ms("qwen3-8b", 4, p) for p in ("rtx4090x4", "a800x8", "h100x8", "h200x1")}
-    assert ms["rtx4090x4"] > ms["a800x8"] > ms["h100x8"] > ms["h200x1"]
+    ms = {p: _predicted_ms("qwen3-8b", 4, p) for p in ("rtx4090x4", "a800x8", "h100x8", "h200x2")}
+    assert ms["rtx4090x4"] > ms["a800x8"] > ms["h100x8"] > ms["h200x2"]
     for p in ms:
         gpu = load_hardware(p).gpu
         for hidden, tokens, tflops in achieved_rows(m, SEQ, (1, 4), gpu):
@@ -122,7 +122,7 @@ def test_unprofiled_gpus_rank_as_their_datasheets_and_stay_below_peak():
 def _ops_table(**edit) -> dict:
     import tomllib
 
-    raw = tomllib.loads((preset_dir() / "h200x1.toml").read_text())
+    raw = tomllib.loads((preset_dir() / "h200x2.toml").read_text())
     raw["gpu"]["ops"] |= edit
     return raw
 
@@ -143,7 +143,7 @@ def test_bad_ops_table_names_the_field(edit, field):
 
 def test_measured_gemm_rate_replaces_the_wave_model_for_its_shape():
     m = load_model("qwen3-4b")
-    gpu = load_hardware("h200x1").gpu
+    gpu = load_hardware("h200x2").gpu
     q_proj = next(o for o in layer_ops(m, SEQ, 1) if o.name == "q_proj")
     slow = dataclasses.replace(gpu.ops, gemm_measured=((*q_proj.shape, 100e12),))
     base = layer_seconds(m, SEQ, 1, gpu)["fwd"]

@@ -90,6 +90,13 @@ def test_every_number_has_a_source(name):
         assert lt.source.strip()
 
 
+# presets read from a measured profile without a [topology] table, whose flat reading (one socket,
+# one switch carrying the measured all-GPU caps) is the machine as measured: h200x1 (stored
+# validation predictions name it by its hash) and h200x8 (benchmarks/project_hardware.py's output)
+FLAT = {"h200x1", "h200x8"}
+EXPLICIT = sorted(set(hardware_presets()) - FLAT)
+
+
 def _tables_with_sources(name: str):
     """(dotted name, raw table, its parsed sources) of [gpu.ops] and every [topology] table."""
     hw, raw = load_hardware(name), _raw(name)
@@ -104,10 +111,11 @@ def _tables_with_sources(name: str):
     return out
 
 
-@pytest.mark.parametrize("name", hardware_presets())
+@pytest.mark.parametrize("name", EXPLICIT)
 def test_topology_and_gpu_ops_numbers_have_sources_saying_what_kind(name):
-    """Every preset has a [topology] and a [gpu.ops] table; each number in them names its source,
-    and each source says what kind of number it is (datasheet, measured, estimate, ...)."""
+    """Every preset but the FLAT ones has a [topology] and a [gpu.ops] table; each number in them
+    names its source, and each source says what kind of number it is (datasheet, measured,
+    estimate, ...)."""
     for where, table, sources in _tables_with_sources(name):
         numeric = [k for k, v in table.items() if k not in ("source", "sources", "socket", "switch",
                                                              "gpus", "kind", "attention")
@@ -118,7 +126,7 @@ def test_topology_and_gpu_ops_numbers_have_sources_saying_what_kind(name):
             assert any(w in text.lower() for w in KIND_WORDS), f"{name}: {where}.{key}: {text!r}"
 
 
-@pytest.mark.parametrize("name", hardware_presets())
+@pytest.mark.parametrize("name", EXPLICIT)
 def test_preset_topology_agrees_with_the_flat_spec(name):
     """The explicit topology has the GPU count, cores and fabric of the flat tables, and the
     flat per-GPU link rates are the GPUs' own links."""
@@ -178,6 +186,13 @@ def test_flat_all_gpu_caps_summarize_the_topology(name):
     hw = load_hardware(name)
     for direction, flat in (("h2d", hw.pcie.all_h2d_bps), ("d2h", hw.pcie.all_d2h_bps)):
         assert hw.topology.all_gpus_bps(direction) == pytest.approx(flat, rel=0.01), direction
+
+
+@pytest.mark.parametrize("name", sorted(FLAT))
+def test_flat_presets_read_as_their_one_socket_machine(name):
+    hw = load_hardware(name)
+    assert hw.explicit_topology is None
+    assert len(hw.topology.sockets) == 1 and hw.topology.cores_by_socket() == (hw.host.cores,)
 
 
 def test_single_gpu_caps_equal_per_gpu_rates():
