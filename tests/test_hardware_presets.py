@@ -22,6 +22,7 @@ FABRIC_KIND = {
     "a800x4": "nvlink-pairs",
     "a800x8": "nvlink-pairs",
     "a800x4-nobridge": "pcie",
+    "a800x8-nobridge": "pcie",
     "rtx4090x4": "pcie",
 }
 SECTIONS = ("gpu", "pcie", "host", "fabric")
@@ -36,6 +37,7 @@ KIND_WORDS = (
     "derived",
     "unused",
     "lending",
+    "projected",
 )
 
 
@@ -75,7 +77,7 @@ def test_every_number_has_a_source(name):
         numeric = [
             k
             for k, v in raw[sec].items()
-            if k not in ("source", "sources", "layer_time")
+            if k not in ("source", "sources", "layer_time", "ops")
             and isinstance(v, int | float | list | dict)
             and not isinstance(v, bool)
         ]
@@ -86,6 +88,55 @@ def test_every_number_has_a_source(name):
             assert isinstance(text, str) and text.strip(), f"{name}: {sec}.{key} has no source"
     for lt in hw.gpu.layer_times:
         assert lt.source.strip()
+
+
+# presets read from a measured profile without a [topology] table, whose flat reading (one socket,
+# one switch carrying the measured all-GPU caps) is the machine as measured: h200x1 (stored
+# validation predictions name it by its hash) and h200x8 (benchmarks/project_hardware.py's output)
+FLAT = {"h200x1", "h200x8"}
+EXPLICIT = sorted(set(hardware_presets()) - FLAT)
+
+
+def _tables_with_sources(name: str):
+    """(dotted name, raw table, its parsed sources) of [gpu.ops] and every [topology] table."""
+    hw, raw = load_hardware(name), _raw(name)
+    topo = hw.topology
+    out = [("gpu.ops", raw["gpu"]["ops"], hw.gpu.ops.sources),
+           ("topology", raw["topology"], topo.sources),
+           ("topology.gpus", raw["topology"]["gpus"], topo.gpus.sources)]
+    out += [(f"topology.socket[{k}]", t, s.sources)
+            for k, (t, s) in enumerate(zip(raw["topology"]["socket"], topo.sockets, strict=True))]
+    out += [(f"topology.switch[{i}]", t, s.sources)
+            for i, (t, s) in enumerate(zip(raw["topology"]["switch"], topo.switches, strict=True))]
+    return out
+
+
+@pytest.mark.parametrize("name", EXPLICIT)
+def test_topology_and_gpu_ops_numbers_have_sources_saying_what_kind(name):
+    """Every preset but the FLAT ones has a [topology] and a [gpu.ops] table; each number in them
+    names its source, and each source says what kind of number it is (datasheet, measured,
+    estimate, ...)."""
+    for where, table, sources in _tables_with_sources(name):
+        numeric = [k for k, v in table.items() if k not in ("source", "sources", "socket", "switch",
+                                                             "gpus", "kind", "attention")
+                   and isinstance(v, int | float | list) and not isinstance(v, bool)]
+        for key in numeric:
+            text = sources.get(key, "")
+            assert text.strip(), f"{name}: {where}.{key} has no source"
+            assert any(w in text.lower() for w in KIND_WORDS), f"{name}: {where}.{key}: {text!r}"
+
+
+@pytest.mark.parametrize("name", EXPLICIT)
+def test_preset_topology_agrees_with_the_flat_spec(name):
+    """The explicit topology has the GPU count, cores and fabric of the flat tables, and the
+    flat per-GPU link rates are the GPUs' own links."""
+    hw = load_hardware(name)
+    topo = hw.explicit_topology
+    assert topo is not None, f"{name} has no [topology]"
+    assert topo.gpus.count == hw.gpu.count
+    assert sum(topo.cores_by_socket()) == hw.host.cores
+    assert topo.gpus.fabric_kind == hw.fabric.kind
+    assert (topo.gpus.h2d_bps, topo.gpus.d2h_bps) == (hw.pcie.h2d_bps, hw.pcie.d2h_bps)
 
 
 @pytest.mark.parametrize("name", sorted(set(FABRIC_KIND) - {"h200x2"}))
@@ -114,17 +165,34 @@ def test_h100_adam_saturates_near_16_cores(name):
     assert 182e9 <= host.adam_rate(16) * 16 <= 184e9
 
 
-@pytest.mark.parametrize("name", ["a800x4", "a800x8", "a800x4-nobridge"])
+@pytest.mark.parametrize("name", ["a800x4", "a800x8", "a800x4-nobridge", "a800x8-nobridge"])
 def test_a800_reproduces_paper_cast_h2d(name):
     """Per GPU: min(cast, H2D link); GPUs at once share the host-side H2D cap (method.md 9)."""
     hw = load_hardware(name)
     one = min(2 * hw.host.cast_rate(hw.host.cores / 2), hw.pcie.h2d_bps)  # BF16: 2 B/elem
     assert one == pytest.approx(15.6e9, rel=0.03)
-    two_each = min(2 * one, hw.pcie.all_h2d_bps) / 2
+    # two GPUs of one socket (GPUs 0 and 1, under one switch) share that socket's host-side cap
+    two_each = min(2 * one, hw.topology.all_gpus_bps("h2d", (0, 1))) / 2
     assert two_each == pytest.approx(8.7e9, rel=0.03)
     # DRAM must not be the binding cap: cast traffic plus the DMA read of the BF16 copy
     elems_per_s = 2 * two_each / 2  # both GPUs' BF16 bytes at 2 B/elem
     assert elems_per_s * (hw.host.cast_dram_bytes_per_elem + 2) < hw.host.dram_bps
+
+
+@pytest.mark.parametrize("name", hardware_presets())
+def test_flat_all_gpu_caps_summarize_the_topology(name):
+    """pcie.all_h2d_gbps and all_d2h_gbps are what every GPU copying at once reaches through
+    the topology (sockets' DRAM and DMA caps, switch uplinks, GPU links)."""
+    hw = load_hardware(name)
+    for direction, flat in (("h2d", hw.pcie.all_h2d_bps), ("d2h", hw.pcie.all_d2h_bps)):
+        assert hw.topology.all_gpus_bps(direction) == pytest.approx(flat, rel=0.01), direction
+
+
+@pytest.mark.parametrize("name", sorted(FLAT))
+def test_flat_presets_read_as_their_one_socket_machine(name):
+    hw = load_hardware(name)
+    assert hw.explicit_topology is None
+    assert len(hw.topology.sockets) == 1 and hw.topology.cores_by_socket() == (hw.host.cores,)
 
 
 def test_single_gpu_caps_equal_per_gpu_rates():
@@ -167,7 +235,8 @@ BAD = {
         _edit("[pcie.sources]\n", '[pcie.sources]\nh2d_gpbs = "x"\n'),
         "pcie.sources.h2d_gpbs",
     ),
-    "negative rate": (_edit("\nh2d_gbps = 25\n", "\nh2d_gbps = -25\n"), "pcie.h2d_gbps"),
+    "negative rate": (_edit("[pcie]\nh2d_gbps = 25\n", "[pcie]\nh2d_gbps = -25\n"),
+                      "pcie.h2d_gbps"),
     "negative curve rate": (_edit("[8, 7.8]", "[8, -7.8]"), "host.cast_gelem_per_s"),
     "missing section": (lambda t: _section_removed(t, "pcie"), "pcie"),
     "non-monotone curve": (

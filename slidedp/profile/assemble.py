@@ -44,6 +44,7 @@ from slidedp.profile.run import (
     Results,
 )
 from slidedp.profile.timing import Rounds, rounds_rule
+from slidedp.profile.topology import recorded_topology
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
 from slidedp.spec.host import RANGE_KERNELS
@@ -129,8 +130,9 @@ class Assembler:
         sections = sorted({k.split(".")[0] for k, v in self.missing.items() if "." not in k})
         if sections:
             desc += f" ({', '.join(sections)} from {self.base.origin})"
-        return {"hardware": {"name": name, "description": desc}, "gpu": self._gpu(),
-                "pcie": self._pcie(), "host": self._host(), "fabric": self._fabric()}
+        doc = {"hardware": {"name": name, "description": desc}, "gpu": self._gpu(),
+               "pcie": self._pcie(), "host": self._host(), "fabric": self._fabric()}
+        return doc | {"topology": recorded_topology(self.m, doc, self.req.topology)}
 
     # ---- gpu -------------------------------------------------------------------------------
 

@@ -15,6 +15,10 @@ Schema (units in names):
                                  recompute / its forward), kernels (optional: "eager", the
                                  default, or "liger": the kernels timed; GpuSpec.row_kernels)
                                  (optional)
+              [gpu.ops]  (optional) rates by kind of operation for a layer's time from
+                         microbenchmarks and datasheets (slidedp/spec/gpu_ops.py): sms,
+                         gemm_tflops at gemm_shape, copy_gbps, elementwise_fraction,
+                         kernel_overhead_us, attention, attention_fwd_tflops, attention_bwd_tflops
   [pcie]      h2d_gbps, d2h_gbps (one GPU, one direction), duplex_gbps (one GPU, both directions),
               all_h2d_gbps, all_d2h_gbps, all_total_gbps (all GPUs at once: host-side caps), source
               chunk_gbps = [[chunk_mib, h2d, d2h], ...]  (optional) one GPU alone, by copy size
@@ -51,6 +55,9 @@ Schema (units in names):
   [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
               cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
               efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
+  [topology]  (optional) sockets, the PCIe tree and the GPU links: schema in
+              slidedp/spec/topology.py; without it the flat spec is one socket and one switch
+              (HardwareSpec.topology)
 """
 
 from __future__ import annotations
@@ -64,8 +71,10 @@ from types import MappingProxyType
 
 from slidedp.spec.curves import RateCurve, log_between
 from slidedp.spec.errors import SpecError
+from slidedp.spec.gpu_ops import GpuOps, parse_gpu_ops
 from slidedp.spec.host import HostSpec, parse_host
 from slidedp.spec.tomlio import Table, read_toml, sources_of, triples
+from slidedp.spec.topology import Topology, flat_topology, parse_topology
 from slidedp.spec.units import GB, GIB, MIB
 
 FABRIC_KINDS = ("pcie", "nvlink-pairs", "nvswitch")
@@ -101,6 +110,7 @@ class GpuSpec:
     achieved: tuple[tuple[float, float, float], ...]  # (hidden, tokens, flop/s), sorted
     layer_times: tuple[LayerTime, ...]
     sources: MappingProxyType
+    ops: GpuOps | None = None  # [gpu.ops]: rates by kind of operation (spec/gpu_ops.py)
 
     def achieved_flops(self, hidden: int, tokens: float) -> float:
         """Achieved dense rate for a layer of width `hidden` on `tokens` tokens (FLOP/s).
@@ -227,6 +237,16 @@ class HardwareSpec:
     host: HostSpec
     fabric: FabricSpec
     origin: str = field(default="", compare=False)
+    # the file's [topology] table; None: the flat spec stands for one (topology)
+    explicit_topology: Topology | None = None
+
+    @property
+    def topology(self) -> Topology:
+        """The sockets, PCIe tree and GPU links: the file's [topology], else the flat spec's
+        one socket and one switch (spec/topology.py flat_topology), from the current fields."""
+        if self.explicit_topology is not None:
+            return self.explicit_topology
+        return flat_topology(self.gpu.count, self.pcie, self.host, self.fabric)
 
     def source_of(self, section: str, key: str) -> str:
         return getattr(self, section).sources[key]
@@ -279,9 +299,10 @@ def _gpu(t: Table) -> GpuSpec:
             lts.append(LayerTime(s.int("hidden"), s.int("ffn"), s.int("seq"), s.int("micro_batch"),
                                  s.num("fwd_bwd_s"), s.str("source"), sac, kernels))
             s.done()
+    ops = parse_gpu_ops(t.sub("ops"), peak) if t.has("ops") else None
     src = sources_of(t, keys)
     t.done()
-    return GpuSpec(model, count, hbm, hbm_bps, peak, tuple(sorted(ach)), tuple(lts), src)
+    return GpuSpec(model, count, hbm, hbm_bps, peak, tuple(sorted(ach)), tuple(lts), src, ops)
 
 
 def _pcie(t: Table) -> PcieSpec:
@@ -320,8 +341,12 @@ def parse_hardware(data: dict, where: str) -> HardwareSpec:
     hw = root.sub("hardware")
     name, desc = hw.str("name"), hw.str("description", "")
     hw.done()
-    spec = HardwareSpec(name, desc, _gpu(root.sub("gpu")), _pcie(root.sub("pcie")),
-                        parse_host(root.sub("host")), _fabric(root.sub("fabric")), origin=where)
+    gpu, pcie = _gpu(root.sub("gpu")), _pcie(root.sub("pcie"))
+    host, fabric = parse_host(root.sub("host")), _fabric(root.sub("fabric"))
+    topology = (parse_topology(root.sub("topology"), gpu.count, pcie, host, fabric.kind)
+                if root.has("topology") else None)
+    spec = HardwareSpec(name, desc, gpu, pcie, host, fabric, origin=where,
+                        explicit_topology=topology)
     root.done()
     return spec
 
