@@ -292,8 +292,8 @@ def build(opts: dict, source=None):
     import torch
 
     from slidedp.exec.adamw import AdamWConfig
+    from slidedp.exec.fused_kernels import resolve as resolve_kernels
     from slidedp.exec.io import open_model_source
-    from slidedp.exec.kernels import resolve as resolve_kernels
     from slidedp.exec.trainer import BASE_HARDWARE, TrainConfig, local_hardware
 
     ranks, mb, gb = opts["nproc"], opts["micro_batch"], opts["global_batch"]

@@ -41,7 +41,7 @@ the update CPU time: on nvidia-h200 (Qwen3-4B mb 4 and 5, benchmarks/RESULTS.md)
 host widening is for hosts where the downloads, not the update's cores, are the bottleneck. The
 cpu route with more than one GPU always downloads FP32: its host sum adds the ranks' chunks in
 FP32 (graph.build.grad_wire_bytes).
-`kernels` says which kernels the decoder layers and the LM head run (exec/kernels.py): "eager"
+`kernels` says which kernels the decoder layers and the LM head run (exec/fused_kernels.py): "eager"
 (transformers' own PyTorch code, the exact CPU path), "liger" (liger-kernel's fused RMSNorm, SwiGLU,
 RoPE and linear + cross-entropy; CUDA only) or "auto" (the default: liger on a CUDA device where
 liger-kernel imports, else eager). The profile times the layer with the kernels it ran and tags the
