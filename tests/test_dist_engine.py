@@ -200,7 +200,7 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
             eng.step(ids, labels)
         sess.barrier()
         after = _pss_kib()
-        rings = eng.rings.staging + [c for ring in eng.rings.grad.values() for c in ring]
+        rings = eng.bufs.rings.staging + [c for ring in eng.bufs.rings.grad.values() for c in ring]
         results["pss"] = {"before": before, "after": after,
                           "state_bytes": 12 * sum(wl.model.unit_params()),
                           "rings_bytes": sum(4 * c.numel() for c in rings)}

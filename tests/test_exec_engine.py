@@ -12,6 +12,7 @@ import gc
 import json
 import threading
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -159,7 +160,7 @@ def test_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(name, devic
             results = [eng.step(ids, labels) for ids, labels in batches]
             hs = eng.host_state
             runs.append((results, [hs.unit_master(u).clone() for u in range(hs.n_units)],
-                         {t.dtype for ring in eng.rings.grad.values() for t in ring}))
+                         {t.dtype for ring in eng.bufs.rings.grad.values() for t in ring}))
         finally:
             eng.close()
             hs.close()
@@ -227,6 +228,15 @@ def test_clipping_overlap_equals_sync_bit_for_bit():
         "gpu") else (None, None)) for r in recs)
 
 
+def wrap_kernels(eng, wrappers) -> None:
+    """Task v of a kind in `wrappers` runs wrappers[kind](its kernel, step data, v) instead of
+    its kernel, in this engine only."""
+    table, kinds = eng.interpreter.kernels, eng.tpl.kind
+    for v, kernel in enumerate(table):
+        if kernel is not None and kinds[v] in wrappers:
+            table[v] = partial(wrappers[kinds[v]], kernel)
+
+
 def test_overlap_mode_overlaps_update_with_backward():
     """Measured: some ADAM chunk of layer l runs while the compute stream works on a layer < l.
     In the measured step the first update of layer 2 waits until layer 1's BWD has started, and
@@ -242,21 +252,21 @@ def test_overlap_mode_overlaps_update_with_backward():
     eng = Engine(cfg, wl, plan, optimizer=OPT, mode="overlap")
     update_started, bwd_started = threading.Event(), threading.Event()
 
-    def adam(self, st, v):
-        if self.tpl.g.unit[v] == 2 and not update_started.is_set():  # layer 2's first chunk
+    def adam(kernel, d, v):
+        if eng.tpl.g.unit[v] == 2 and not update_started.is_set():  # layer 2's first chunk
             update_started.set()
             assert bwd_started.wait(60), "layer 1's BWD never started beside layer 2's update"
-        Engine._RUN[Kind.ADAM](self, st, v)
+        kernel(d, v)
 
-    def bwd(self, st, v):
-        if self.tpl.g.unit[v] == 1:
+    def bwd(kernel, d, v):
+        if eng.tpl.g.unit[v] == 1:
             bwd_started.set()
             assert update_started.wait(60), "no update of layer 2 ran during layer 1's BWD"
-        Engine._RUN[Kind.BWD](self, st, v)
+        kernel(d, v)
 
     try:
         eng.step(torch.randint(0, 512, (4, 128), generator=gen))
-        eng._RUN = {**Engine._RUN, Kind.ADAM: adam, Kind.BWD: bwd}  # this engine's table only
+        wrap_kernels(eng, {Kind.ADAM: adam, Kind.BWD: bwd})
         res = eng.step(torch.randint(0, 512, (4, 128), generator=gen))
     finally:
         eng.close()
@@ -449,7 +459,7 @@ def test_a_failed_construction_removes_the_host_state_it_created(monkeypatch):
     """Without a host_state the engine creates one; a failure later in the constructor closes it
     (before, its shared-memory files stayed in /dev/shm; since a state of one process is
     unlinked once mapped, closing it is what releases its mappings and pinned pages)."""
-    from slidedp.exec import engine as engine_mod
+    from slidedp.exec import buffers
     from slidedp.exec.host_state import HostState
     from slidedp.spec.model import load_model
 
@@ -463,7 +473,7 @@ def test_a_failed_construction_removes_the_host_state_it_created(monkeypatch):
         created.append(real_create(cls, *a, **k))
         return created[-1]
 
-    monkeypatch.setattr(engine_mod, "PinnedPool", broken)
+    monkeypatch.setattr(buffers, "PinnedPool", broken)
     monkeypatch.setattr(HostState, "create", classmethod(create))
     tiny = load_model("tiny-qwen3")
     with pytest.raises(RuntimeError, match="no pinned pool"):

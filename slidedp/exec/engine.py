@@ -132,40 +132,33 @@ from __future__ import annotations
 import gc
 import math
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable
-from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
-import torch.nn.functional as F
 
-from slidedp.exec.activations import KeptActivations
-from slidedp.exec.adamw import AdamWConfig, adamw_chunk
-from slidedp.exec.dist.collectives import Collectives
+from slidedp.exec.adamw import AdamWConfig
+from slidedp.exec.buffers import Buffers, BufferSpec
 from slidedp.exec.dist.ownership import process_threads, task_owners
-from slidedp.exec.dist.session import DistSession, PeerFailure
+from slidedp.exec.dist.session import DistSession
 from slidedp.exec.embedding_rows import EmbeddingRows
 from slidedp.exec.host_state import HostState
+from slidedp.exec.interpreter import MODES, Interpreter, Step
+from slidedp.exec.kernels import KERNELS, Context, StepData
 from slidedp.exec.layer_runner import ModelRunner
-from slidedp.exec.loss import IGNORE_INDEX, linear_cross_entropy, shift_labels
-from slidedp.exec.policy_runner import LayerState, PolicyRunner, kept_layout
-from slidedp.exec.staging import HostRings, PinnedPool
+from slidedp.exec.loss import IGNORE_INDEX, shift_labels
+from slidedp.exec.policy_runner import PolicyRunner
 from slidedp.exec.template import Template
-from slidedp.exec.window import Window
 from slidedp.graph.build import FP32_BYTES, build_graph
 from slidedp.graph.tasks import Kind
-from slidedp.graph.timeline import Record, Timeline, union_intervals
+from slidedp.graph.timeline import Timeline, union_intervals
 from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import Plan
 from slidedp.spec.segments import parse_policy
 from slidedp.spec.workload import Workload
 
-MODES = ("overlap", "sync")
-_POLL_S = 0.05  # how often a waiting worker checks whether another worker failed
-_REMOTE_POLL_S = (2e-5, 1e-3)  # first and longest sleep while polling a shared counter
 READS_SLOT = frozenset({Kind.EMBED_FWD, Kind.FWD, Kind.HEAD_LOSS, Kind.RECOMPUTE, Kind.BWD})
 
 # probe(iteration, kind, unit, slot): called before a compute task reads its unit's slot
@@ -181,38 +174,6 @@ class StepResult:
     gpu_peak_bytes: int | None  # torch.cuda.max_memory_reserved, None on the CPU
     timeline: Timeline  # this process's tasks, times relative to origin_s
     origin_s: float = 0.0  # time.perf_counter() at the step's start (CLOCK_MONOTONIC: one clock per host)
-
-
-class _Aborted(Exception):
-    """Raised in a worker waiting on a task of a worker that failed."""
-
-
-class _StepState:
-    """Everything one step's tasks share (inputs, activations in flight, accumulators)."""
-
-    def __init__(self, issued: list[threading.Event], workers: int, seq: int):
-        """issued: one event per template task, the engine's, reused by every step (creating
-        them took ~15 us each, on the step's clock): cleared here, when no thread of the previous
-        step is left (step() returns only once every agent has finished its tasks)."""
-        self.seq = seq  # this step's number, 1-based: the value of a completed task's counter
-        for e in issued:
-            e.clear()
-        self.issued = issued
-        n_tasks = len(issued)
-        self.host_s = [(0.0, 0.0)] * n_tasks
-        self.error: BaseException | None = None
-        self.clip = [1.0] * workers  # per update worker: the clipping coefficient of this step
-        self.adam_step: list[int] = []  # per unit: its update count including this step's
-        self.cur: list[torch.Tensor] = []  # per micro-batch: hidden states / their gradients
-        self.layers: dict[tuple[int, int], LayerState] = {}  # (layer, mb): forward -> backward
-        self.ids: list[torch.Tensor] = []  # per micro-batch, on the device
-        self.targets: list[torch.Tensor] = []  # per micro-batch, shifted labels, flat
-        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.loss: torch.Tensor | None = None  # device scalar, summed by HEAD_LOSS
-        self.lr = 0.0
-        self.scale = 0.0  # 1 / non-ignored tokens of the global batch
-        self.remaining = 0
-        self.done = threading.Condition()
 
 
 class Engine:
@@ -244,6 +205,52 @@ class Engine:
                dtype: torch.dtype, mode: str, optimizer: AdamWConfig,
                host_state: HostState | None, session: DistSession | None,
                probe: Probe | None) -> None:
+        plan = self._checked(workload, plan, mode, optimizer, host_state, session)
+        self.session, self.R = session, workload.gpus
+        self.rank = session.rank if session else 0
+        self.device = session.device if session else torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype, self.mode, self.opt, self.wl, self.plan = dtype, mode, optimizer, workload, plan
+        self.runner = runner = ModelRunner(model_config, self.device, dtype)
+        numels = [lay.numel for lay in runner.layouts]
+        if numels != workload.model.unit_params():
+            raise SpecError("workload", "model", f"a model whose units have {numels} parameters "
+                            f"(the config's), got {workload.model.unit_params()}")
+        cores = os.cpu_count() or 1
+        self.split_embedding = plan.splits_embedding  # embedding_rows (off when deferred)
+        g = build_graph(workload, plan, cores, iterations=1,
+                        first_delivery=not self.split_embedding)
+        self.tpl = tpl = Template(g, task_owners(g, plan), self.rank)
+        self.n_workers = g.meta.update_workers
+        self.host_state = self._host_state(host_state, numels, dtype if plan.host_bf16_copy
+                                           else None)
+        self.iteration = 0
+        if session is not None:
+            torch.set_num_threads(session.num_threads or process_threads(
+                plan, cores, self.R, self.rank, g.meta.scatter_update))
+        threads = torch.get_num_threads()
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+            self.host_state.pin()
+        self.ctx = self._context(g)
+        self.bufs = self.ctx.bufs
+        self._embedding_delivered = False  # split embedding: a step delivers the next one's
+        self._gc_frozen = False  # set after the first step (_freeze_long_lived)
+        table = [partial(KERNELS[tpl.kind[v]], self.ctx) if tpl.local[v] else None
+                 for v in range(tpl.n)]
+        if probe is not None:
+            table = [_probed(f, probe, tpl, v, self.bufs.window)
+                     if f is not None and tpl.kind[v] in READS_SLOT else f
+                     for v, f in enumerate(table)]
+        self.interpreter = Interpreter(tpl, table, mode=mode, device=self.device, session=session,
+                                       done=self.bufs.done, process_threads=threads)
+
+    @staticmethod
+    def _checked(workload: Workload, plan: Plan, mode: str, optimizer: AdamWConfig,
+                 host_state: HostState | None, session: DistSession | None) -> Plan:
+        """The arguments checked; the plan the engine runs."""
         if mode not in MODES:
             raise SpecError("engine", "mode", f"one of {', '.join(MODES)}, got {mode!r}")
         R = workload.gpus
@@ -258,136 +265,49 @@ class Engine:
         if not plan.step_join:
             raise SpecError("plan", "step_join", "true: the executor joins every agent at the step "
                             "boundary (see 'Step boundary' above)")
-        self.session, self.probe, self.R = session, probe, R
-        self.rank = session.rank if session else 0
-        self.device = session.device if session else torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        if self.cuda and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.dtype, self.mode, self.opt, self.wl, self.plan = dtype, mode, optimizer, workload, plan
-        self.runner = ModelRunner(model_config, self.device, dtype)
-        layouts = self.runner.layouts
-        numels = [lay.numel for lay in layouts]
-        if numels != workload.model.unit_params():
-            raise SpecError("workload", "model", f"a model whose units have {numels} parameters "
-                            f"(the config's), got {workload.model.unit_params()}")
-        cores = os.cpu_count() or 1
-        self.split_embedding = plan.splits_embedding  # embedding_rows (off when deferred)
-        g = build_graph(workload, plan, cores, iterations=1,
-                        first_delivery=not self.split_embedding)
-        self.tpl = tpl = Template(g, task_owners(g, plan), self.rank)
-        self.n_workers = g.meta.update_workers
-        scatter = g.meta.scatter_update
-        copy_dtype = dtype if plan.host_bf16_copy else None
+        return plan
+
+    def _host_state(self, host_state: HostState | None, numels: list[int],
+                    copy_dtype: torch.dtype | None) -> HostState:
         if host_state is None:
             host_state = self._created_state = HostState.create(numels, copy_dtype)
         if host_state.unit_numels != numels or host_state.copy_dtype != copy_dtype:
             raise SpecError("engine", "host_state", f"units {numels} with a parameter copy of "
                             f"dtype {copy_dtype}, got {host_state.unit_numels} / {host_state.copy_dtype}")
-        self.host_state = host_state
-        self.iteration = 0
-        if session is not None:
-            torch.set_num_threads(session.num_threads
-                                  or process_threads(plan, cores, R, self.rank, scatter))
-        self._process_threads = torch.get_num_threads()
+        return host_state
 
-        # ---- reserve: buffers, streams, events, workers (nothing of this is allocated later)
-        self.pool = PinnedPool(pin=self.cuda)
-        if self.cuda:
-            torch.cuda.set_device(self.device)
-            host_state.pin()
-        ring_chunks = g.meta.grad_ring_chunks
-        grad_chunks = {key: ring_chunks[key]
-                       for key in sorted({key for srcs in tpl.grad_src for key, _ in srcs})}
-        staging_elems, grad_elems = tpl.largest(Kind.CAST), tpl.largest(Kind.D2H)
-        staging_numel = plan.staging_chunks * staging_elems
-        grad_numel = HostRings.grad_numel(grad_chunks, grad_elems)
-        # downloaded gradients: FP32, or the compute dtype widened by the update (plan.grad_widen)
-        wire_dtype = torch.float32 if g.meta.grad_wire_bytes == FP32_BYTES else dtype
-        if session is None:
-            staging_flat = self.pool.empty(staging_numel, dtype)
-            grad_flat = self.pool.empty(grad_numel, wire_dtype)
-            self.sq = torch.empty(tpl.n_norm, dtype=torch.float32, pin_memory=self.cuda)
-        else:
-            staging_flat = self.pool.register(session.shared_tensor("staging", staging_numel, dtype))
-            grad_flat = self.pool.register(session.shared_tensor("grads", grad_numel, wire_dtype))
-            self.sq = self.pool.register(session.shared_tensor("gradsq", tpl.n_norm, torch.float32))
-        local_workers = sorted({tpl.worker[v] for v in range(tpl.n)
-                                if tpl.local[v] and tpl.kind[v] == Kind.ADAM})
-        self.rings = HostRings(staging_flat, plan.staging_chunks, staging_elems, grad_flat,
-                               grad_chunks, grad_elems,
-                               local_workers if any(tpl.summed) and not plan.defer_update else [],
-                               grad_elems)
-        # D2H widens a gradient chunk to FP32 on the GPU (one buffer per D2H stream: its stream
-        # order keeps the next widening behind the previous copy) and, where the chunk is the
-        # aggregated gradient, squares it into sq_dev there, copied back into sq (module
-        # docstring, "Gradient norm"): the host makes one pass over the gradient (Adam's). With
-        # BF16 rings it downloads the BF16 chunk itself (the embedding bulk's, whose looked-up
-        # rows are zeroed in the FP32 copy, narrowed again into d2h_narrow: exact).
-        self.d2h_fp32 = (torch.empty(grad_elems, device=self.device, dtype=torch.float32)
-                         if self.cuda else None)
-        self.d2h_narrow = (torch.empty(grad_elems, device=self.device, dtype=dtype)
-                           if self.cuda and wire_dtype != torch.float32 and self.split_embedding
-                           and self.runner.tied else None)  # an untied bulk downloads nothing
-        self.sq_dev = (torch.empty(tpl.n_norm, device=self.device, dtype=torch.float32)
-                       if self.cuda else None)
-        self.local_sq = torch.tensor([tpl.norm_slot[v] for v in range(tpl.n)
-                                      if tpl.local[v] and tpl.norm_slot[v] >= 0], dtype=torch.long)
-        # where the clipping coefficient is computed: the first ADAM of each update worker
-        self.clip_at = set() if optimizer.grad_clip is None else {
-            int(ts[g.kind[ts] == Kind.ADAM][0]) for ts in g.agent_tasks
-            if (g.kind[ts] == Kind.ADAM).any()}
-        self._done = (session.shared_tensor("done", tpl.n, torch.int64).numpy()
-                      if session is not None else None)
-        self.window = Window(layouts, plan.window_slots, plan.grad_buffers, self.device, dtype,
-                             embedding_grad=self.runner.tied or not self.split_embedding)
-        self.coll = (Collectives(self.window, R, self.rank, scatter, self.device, dtype)
-                     if R > 1 else None)
+    def _context(self, g) -> Context:
+        """Reserve the buffers (nothing of this is allocated later) and the kernels' context."""
+        tpl, plan, runner = self.tpl, self.plan, self.runner
+        wire = torch.float32 if g.meta.grad_wire_bytes == FP32_BYTES else self.dtype
+        spec = BufferSpec(grad_dtype=wire, host_sum_acc=not plan.defer_update,
+                          embedding_grad=runner.tied or not self.split_embedding,
+                          masked_downloads=self.split_embedding and runner.tied)
         # what each layer's policy keeps: its entry sizes from one forward per distinct policy
-        self.policies = [None] + [parse_policy(plan.policy_of(layer))
-                                  for layer in range(1, self.runner.n_layers + 1)]
-        self.layer_runner = PolicyRunner(self.runner, None)
-        x = torch.zeros(workload.micro_batch, workload.seq_len, self.runner.hidden,
-                        device=self.device, dtype=dtype)
-        layout = {p: kept_layout(self.layer_runner, p, self.window.params(1), x,
-                                 self.runner.rope(workload.seq_len))
-                  for p in set(self.policies[1:])}
-        self.acts = self.layer_runner.acts = KeptActivations(
-            [layout[p] for p in self.policies[1:]], workload.accum_steps, plan.offload_ratio,
-            plan.reload_ahead_layers, self.device, self.pool)
-        self.emb_rows = None
-        self._embedding_delivered = False  # split embedding: a step delivers the next one's
-        self._gc_frozen = False  # set after the first step (_freeze_long_lived)
-        self._issued = [threading.Event() for _ in range(self.tpl.n)]  # per task, every step
+        policies = [None] + [parse_policy(plan.policy_of(layer))
+                             for layer in range(1, runner.n_layers + 1)]
+        layer_runner = PolicyRunner(runner, None)
+        bufs = Buffers(spec, tpl, plan, self.wl, runner, layer_runner, policies, self.device,
+                       self.dtype, self.session)
+        ctx = Context(tpl, plan, self.wl, self.opt, self.dtype, runner, layer_runner, policies,
+                      self.host_state, bufs)
+        # where the clipping coefficient is computed: the first ADAM of each update worker
+        if self.opt.grad_clip is not None:
+            ctx.clip_at = {int(ts[g.kind[ts] == Kind.ADAM][0]) for ts in g.agent_tasks
+                           if (g.kind[ts] == Kind.ADAM).any()}
         if self.split_embedding:
             rows_cast = int((g.elem_hi - g.elem_lo)[g.rows & (g.kind == Kind.CAST)].max())
-            self.emb_rows = EmbeddingRows(
-                self.runner.vocab, self.runner.hidden, g.meta.embedding_rows_elems //
-                self.runner.hidden, tpl.largest(Kind.ADAM), rows_cast, local_workers,
-                self.device, dtype, zero_grad=not self.runner.tied)
-        names = tpl.agent_names
-        self.streams = [torch.cuda.Stream(self.device) if self.cuda and tpl.is_gpu_agent[a]
-                        else None for a in range(len(names))]
-        gpu_tasks = [v for v in range(tpl.n) if tpl.local[v] and tpl.on_gpu(v)] if self.cuda else []
-        self.ev_start = {v: torch.cuda.Event(enable_timing=True) for v in gpu_tasks}
-        self.ev_end = {v: torch.cuda.Event(enable_timing=True) for v in gpu_tasks}
-        self.ev_ref = torch.cuda.Event(enable_timing=True) if self.cuda else None
-        self._queues: list[queue.Queue] = []
-        self._threads: list[threading.Thread] = []
-        if mode == "overlap":
-            loops = [(self._agent_loop, a, names[a]) for a in range(len(names))
-                     if tpl.local_tasks[a]]
-            if self.cuda and session is not None:
-                loops.append((self._notifier_loop, -1, "notifier"))
-            for target, a, name in loops:
-                q: queue.Queue = queue.Queue()
-                t = threading.Thread(target=target, args=(a, q), daemon=True, name=f"slidedp-{name}")
-                t.start()
-                self._queues.append(q)
-                self._threads.append(t)
-        self._notify = self._queues[-1] if self.cuda and session and mode == "overlap" else None
+            ctx.emb_rows = EmbeddingRows(
+                runner.vocab, runner.hidden, g.meta.embedding_rows_elems // runner.hidden,
+                tpl.largest(Kind.ADAM), rows_cast, bufs.local_workers, self.device, self.dtype,
+                zero_grad=not runner.tied)
+        return ctx
 
     # ---- public -------------------------------------------------------------------------------
+
+    @property
+    def emb_rows(self) -> EmbeddingRows | None:
+        return self.ctx.emb_rows
 
     def step(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
              lr: float | None = None) -> StepResult:
@@ -404,61 +324,23 @@ class Engine:
         if n_valid == 0:
             raise ValueError("every label is ignored (-100): the loss is undefined")
         t0 = time.perf_counter()
-        st = _StepState(self._issued, self.n_workers, self.iteration + 1)
-        st.lr = self.opt.lr if lr is None else lr
-        st.scale = 1.0 / n_valid
-        st.adam_step = (self.host_state.steps + 1).tolist()
-        mb, rows = wl.micro_batch, wl.accum_steps * wl.micro_batch
-        mine = slice(self.rank * rows, (self.rank + 1) * rows)
-        st.ids = input_ids[mine].to(self.device).split(mb)
-        st.targets = [t.reshape(-1) for t in targets[mine].to(self.device).split(mb)]
-        st.rope = self.runner.rope(wl.seq_len)
-        st.loss = torch.zeros((), dtype=torch.float32, device=self.device)
-        self.acts.reset()  # nothing is kept across steps (a failed step may have left entries)
-        if self.emb_rows is not None:
-            self.emb_rows.begin_step(input_ids, st.ids)
+        st = Step(self.interpreter.issued, self.iteration + 1, None)
+        st.data = d = self._step_data(input_ids, targets, n_valid, lr)
+        self.bufs.acts.reset()  # nothing is kept across steps (a failed step may have left entries)
+        if self.ctx.emb_rows is not None:
+            self.ctx.emb_rows.begin_step(input_ids, d.ids)
             if not self._embedding_delivered:
                 self._deliver_embedding()
             self._embedding_delivered = False  # until this step has delivered the next one's
-        if self.cuda:
-            torch.cuda.synchronize(self.device)  # boundary sync (see the module docstring)
-            self.ev_ref.record()
-        t_ref = time.perf_counter()
-        if self.mode == "overlap":
-            st.remaining = len(self._threads) - (self._notify is not None)
-            for q in self._queues:
-                if q is not self._notify:
-                    q.put(st)
-            with st.done:
-                st.done.wait_for(lambda: st.remaining == 0)
-        else:
-            for v in range(self.tpl.n):
-                if not self.tpl.local[v]:
-                    continue
-                try:
-                    self._task(st, v)
-                except BaseException as e:  # noqa: BLE001 - blamed, then raised below
-                    st.error = self._blame(e)
-                    break
-                if self.cuda:
-                    torch.cuda.synchronize(self.device)
-        if st.error is not None:
-            if self.cuda:  # let the failed step's queued copies land before anything reuses
-                # their buffers (the next step's delivery, its staging chunk); the step's own
-                # error is the one to report
-                with suppress(Exception):
-                    torch.cuda.synchronize(self.device)
-            raise st.error
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        t_ref = self.interpreter.run(st)
         self._embedding_delivered = True
-        loss, sqnorm = float(st.loss), float(self.sq[self.local_sq].double().sum())
+        loss, sqnorm = float(d.loss), float(self.bufs.sq[self.bufs.local_sq].double().sum())
         if self.session is None or self.session.local_rank == 0:
             self.host_state.steps += 1  # this step's update of every unit is done (rank 0: its own)
         if self.session is not None:
             loss, sqnorm = self.session.all_reduce_sum([loss, sqnorm])
         t1 = time.perf_counter()
-        timeline = self._timeline(st, t0, t_ref)
+        timeline = self.interpreter.timeline(st, t0, t_ref, self.iteration)
         self.iteration += 1
         if not self._gc_frozen:
             self._freeze_long_lived()
@@ -468,6 +350,21 @@ class Engine:
             gpu_peak_bytes=torch.cuda.max_memory_reserved(self.device) if self.cuda else None,
             timeline=timeline, origin_s=t0)
 
+    def _step_data(self, input_ids: torch.Tensor, targets: torch.Tensor, n_valid: int,
+                   lr: float | None) -> StepData:
+        """This rank's micro-batches on the device and the step's scalars (see "Data")."""
+        wl = self.wl
+        mb, rows = wl.micro_batch, wl.accum_steps * wl.micro_batch
+        mine = slice(self.rank * rows, (self.rank + 1) * rows)
+        return StepData(
+            iteration=self.iteration, lr=self.opt.lr if lr is None else lr, scale=1.0 / n_valid,
+            adam_step=(self.host_state.steps + 1).tolist(),
+            ids=input_ids[mine].to(self.device).split(mb),
+            targets=[t.reshape(-1) for t in targets[mine].to(self.device).split(mb)],
+            rope=self.runner.rope(wl.seq_len),
+            loss=torch.zeros((), dtype=torch.float32, device=self.device),
+            clip=[1.0] * self.n_workers)
+
     def host_state_changed(self) -> None:
         """The host state was written outside the steps: deliver the embedding again before the
         next step (plan.embedding_rows; every other unit is delivered by each step anyway)."""
@@ -475,13 +372,8 @@ class Engine:
 
     def close(self) -> None:
         """Stop the workers and release pinned registrations (the HostState stays open)."""
-        for q in self._queues:
-            q.put(None)
-        for t in self._threads:
-            t.join()
-        self._queues.clear()
-        self._threads.clear()
-        self.pool.close()
+        self.interpreter.close()
+        self.bufs.close()
         if self._gc_frozen:  # what this engine held may be collected again
             gc.unfreeze()
             self._gc_frozen = False
@@ -500,376 +392,22 @@ class Engine:
         at a time; not through the ring, which the other ranks share."""
         src = self.host_state.unit_copy(0) if self.plan.host_bf16_copy else \
             self.host_state.unit_master(0)
-        slot, step = self.window.slot(0), len(self.rings.staging[0])
+        slot, step = self.bufs.window.slot(0), len(self.bufs.rings.staging[0])
         for lo in range(0, len(src), step):
             slot[lo:lo + step].copy_(src[lo:lo + step])
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    # ---- the interpreter ---------------------------------------------------------------------
 
-    def _agent_loop(self, a: int, q: queue.Queue) -> None:
-        if self.cuda:
-            torch.cuda.set_device(self.device)
-        if self.cuda and (n := self._cpu_threads(a)) > 0:
-            own_omp_team(n)
-        while (st := q.get()) is not None:
-            try:
-                for v in self.tpl.local_tasks[a]:
-                    self._task(st, v)
-            except _Aborted:
-                pass
-            except BaseException as e:  # noqa: BLE001 - handed to step(), which re-raises it
-                st.error = st.error or self._blame(e)
-            finally:
-                with st.done:
-                    st.remaining -= 1
-                    st.done.notify_all()
+def _probed(kernel, probe: Probe, tpl: Template, v: int, window):
+    """kernel, after probe(iteration, kind, unit, slot) on the unit's slot it reads."""
+    kind, u = tpl.kind[v], int(tpl.g.unit[v])
 
-    def _cpu_threads(self, a: int) -> int:
-        """Threads of CPU agent `a` (0 for a GPU agent): the graph's team for its tasks (cast
-        threads, or update threads / workers), within this process's budget (Plan.threads: by
-        default three quarters of the cores for each team, as the model assumes).
-        Applied on GPUs only: on the CPU the compute agents need the cores too, and the CPU tests
-        compare the overlapped and the synchronous modes bit for bit, which fixed per-thread
-        OpenMP teams of different sizes could break in reductions."""
-        tasks = self.tpl.local_tasks[a]
-        if self.tpl.is_gpu_agent[a] or not len(tasks):
-            return 0
-        want = max(float(self.tpl.g.threads[v]) for v in tasks)
-        return max(1, min(round(want), self._process_threads)) if want > 0 else 0
+    def run(d: StepData, v: int) -> None:
+        probe(d.iteration, kind, u, window.slot(u))
+        kernel(d, v)
 
-    def _notifier_loop(self, _a: int, q: queue.Queue) -> None:
-        """Publishes GPU tasks that another process waits on, once their end event completed."""
-        torch.cuda.set_device(self.device)
-        while (item := q.get()) is not None:
-            st, v = item
-            try:
-                self.ev_end[v].synchronize()
-                self._done[v] = st.seq
-            except BaseException as e:  # noqa: BLE001 - handed to step(), which re-raises it
-                st.error = st.error or self._blame(e)
-
-    def _blame(self, e: BaseException) -> BaseException:
-        """The error to report. A peer's recorded failure wins (a collective fails when a peer
-        dies); otherwise this rank failed: mark it in the status block, so every peer stops."""
-        if self.session is None or isinstance(e, PeerFailure):
-            return e
-        peer = self.session.settled_peer_failure()
-        if peer is not None:
-            return PeerFailure(peer)
-        self.session.fail(f"{type(e).__name__}: {e}")
-        return e
-
-    def _wait_remote(self, st: _StepState, u: int) -> None:
-        """Wait until task u of another process completed this step (its shared counter)."""
-        done, sess = self._done, self.session
-        delay, longest = _REMOTE_POLL_S
-        deadline = time.monotonic() + sess.timeout_s
-        while done[u] < st.seq:
-            if st.error is not None:
-                raise _Aborted
-            peer = sess.peer_failure()
-            if peer is not None:
-                raise PeerFailure(peer)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {self.rank} waited {sess.timeout_s} s for "
-                                   f"{self.tpl.g.label(u)} of rank {int(self.tpl.owner[u])}")
-            time.sleep(delay)
-            delay = min(2 * delay, longest)
-
-    def _task(self, st: _StepState, v: int) -> None:
-        tpl = self.tpl
-        a = int(tpl.g.agent[v])
-        stream = self.streams[a]
-        for u in tpl.remote[v]:
-            self._wait_remote(st, u)
-        for u in tpl.preds[v]:
-            while not st.issued[u].wait(_POLL_S):
-                if st.error is not None:
-                    raise _Aborted
-            if self.cuda and tpl.on_gpu(u):
-                if stream is not None:
-                    stream.wait_event(self.ev_end[u])
-                else:
-                    self.ev_end[u].synchronize()
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            if stream is not None:
-                self.ev_start[v].record(stream)
-            if self.probe is not None and tpl.kind[v] in READS_SLOT:
-                u = int(tpl.g.unit[v])
-                self.probe(self.iteration, tpl.kind[v], u, self.window.slot(u))
-            self._RUN[tpl.kind[v]](self, st, v)
-            if stream is not None:
-                self.ev_end[v].record(stream)
-        st.host_s[v] = (t0, time.perf_counter())
-        st.issued[v].set()
-        if tpl.publish[v]:
-            self._publish(st, v)
-
-    def _publish(self, st: _StepState, v: int) -> None:
-        """done[v] = seq once v's work is complete (module docstring, "Process contract")."""
-        if not (self.cuda and self.tpl.on_gpu(v)):
-            self._done[v] = st.seq
-        elif self._notify is not None:
-            self._notify.put((st, v))
-        else:  # sync mode
-            self.ev_end[v].synchronize()
-            self._done[v] = st.seq
-
-    def _timeline(self, st: _StepState, t0: float, t_ref: float) -> Timeline:
-        g, tl = self.tpl.g, Timeline(source=f"measured: slidedp.exec {self.mode} on {self.device}")
-        for v in range(self.tpl.n):
-            if not self.tpl.local[v]:
-                continue
-            issue = (st.host_s[v][0] - t0, st.host_s[v][1] - t0)  # the agent's host time
-            if self.cuda and self.tpl.on_gpu(v):
-                off = t_ref - t0
-                s = off + self.ev_ref.elapsed_time(self.ev_start[v]) / 1e3
-                e = off + self.ev_ref.elapsed_time(self.ev_end[v]) / 1e3
-            else:
-                s, e = issue
-            tl.add(Record(self.iteration, self.tpl.kind[v].name, int(g.unit[v]), int(g.rank[v]),
-                          int(g.chunk[v]), self.tpl.agent_names[int(g.agent[v])], s, e,
-                          *(issue if self.tpl.on_gpu(v) else (None, None))))
-        return tl
-
-    # ---- one function per Kind ---------------------------------------------------------------
-
-    def _range(self, v: int) -> tuple[int, int, int]:
-        g = self.tpl.g
-        return int(g.unit[v]), int(g.elem_lo[v]), int(g.elem_hi[v])
-
-    def _run_cast(self, st, v):
-        u, lo, hi = self._range(v)
-        staging = self.rings.staging[int(self.tpl.g.buffer[v])]
-        if self.tpl.g.rows[v]:
-            j0, j1 = self.emb_rows.compact(lo, hi)
-            if j1 > j0:
-                self.emb_rows.rows_cast(staging, self.host_state.unit_master(0), j0, j1)
-            return
-        staging[:hi - lo].copy_(self.host_state.unit_master(u)[lo:hi])
-
-    def _run_h2d(self, st, v):
-        u, lo, hi = self._range(v)
-        i = self.tpl.h2d_src[v]
-        if self.tpl.g.rows[v]:
-            j0, j1 = self.emb_rows.compact(lo, hi)
-            if j1 > j0:
-                self.emb_rows.rows_h2d(self.window.slot(0), self.rings.staging[i], j0, j1)
-            return
-        src = self.host_state.unit_copy(u)[lo:hi] if i < 0 else self.rings.staging[i][:hi - lo]
-        self.window.slot(u)[lo:hi].copy_(src, non_blocking=True)
-
-    def _run_embed_fwd(self, st, v):
-        weight = self.window.params(0)["weight"]
-        st.cur = []
-        for b, ids in enumerate(st.ids):
-            x = F.embedding(ids, weight)
-            self._keep_input(st, 1, b, x)
-            st.cur.append(x)
-
-    def _keep_input(self, st, layer: int, b: int, x: torch.Tensor) -> None:
-        self.acts.add(layer, b, x)
-
-    @torch.no_grad()
-    def _run_fwd(self, st, v):
-        layer = int(self.tpl.g.unit[v])
-        params = self.window.params(layer)
-        for b, x in enumerate(st.cur):
-            out, st.layers[(layer, b)] = self.layer_runner.forward(self.policies[layer], layer, b,
-                                                                   params, x, st.rope)
-            if layer < self.runner.n_layers:
-                self._keep_input(st, layer + 1, b, out)
-            st.cur[b] = out
-
-    def _run_act_offload(self, st, v):
-        self.acts.offload(int(self.tpl.g.unit[v]))
-
-    def _run_act_reload(self, st, v):
-        self.acts.reload_layer(int(self.tpl.g.unit[v]))
-
-    def _run_head_loss(self, st, v):
-        head_u = self.runner.n_layers + 1
-        head, head_grad = self.window.params(head_u), self.window.grad_views(head_u)
-        if self.runner.tied:
-            weight = self.window.params(0)["weight"]
-            grad_weight = self.window.grad_views(0)["weight"]
-        else:
-            weight, grad_weight = head["lm_head.weight"], head_grad["lm_head.weight"]
-        grad_weight.zero_()
-        for b, x in enumerate(st.cur):
-            x = x.detach().requires_grad_()
-            norm_w = head["norm.weight"].detach().requires_grad_()
-            with torch.enable_grad():
-                xn = self.runner.norm_forward(norm_w, x)
-            loss, grad_xn = linear_cross_entropy(xn.detach().reshape(-1, xn.shape[-1]), weight,
-                                                 st.targets[b], st.scale, grad_weight)
-            gx, gw = torch.autograd.grad(xn, (x, norm_w), grad_xn.view_as(xn))
-            _accumulate(head_grad["norm.weight"], gw, b)
-            st.loss += loss
-            st.cur[b] = gx
-        if self.emb_rows is not None and self.runner.tied:
-            self.emb_rows.gather_head(grad_weight)
-
-    def _run_recompute(self, st, v):
-        layer = int(self.tpl.g.unit[v])
-        self.layer_runner.recompute(st.layers[(layer, 0)], self.window.params(layer), st.rope)
-
-    def _run_bwd(self, st, v):
-        layer = int(self.tpl.g.unit[v])
-        grads, params = self.window.grad_views(layer), self.window.params(layer)
-        for b in range(self.wl.accum_steps):
-            state = st.layers.pop((layer, b))
-            self.layer_runner.recompute(state, params, st.rope)  # done by RECOMPUTE for b = 0
-            st.cur[b], got = self.layer_runner.backward(state, st.cur[b])
-            del state
-            self.acts.release(layer, b)
-            for name, gp in got.items():
-                _accumulate(grads[name], gp, b)
-
-    def _run_embed_bwd(self, st, v):
-        if self.emb_rows is not None:
-            self.emb_rows.add_lookups(st.cur, st.ids, self.runner.padding_idx, self.runner.tied)
-            st.cur = []
-            return
-        grad = self.window.grad_views(0)["weight"]
-        if not self.runner.tied:  # tied: HEAD_LOSS already wrote the head's share
-            grad.zero_()
-        pad = self.runner.padding_idx
-        for ids, gx in zip(st.ids, st.cur, strict=True):
-            ids, gx = ids.reshape(-1), gx.reshape(-1, gx.shape[-1])
-            if pad is not None:  # nn.Embedding(padding_idx) gives that row no gradient
-                gx = gx * (ids != pad)[:, None].to(gx.dtype)
-            grad.index_add_(0, ids, gx)
-        st.cur = []
-
-    def _run_allgather(self, st, v):
-        self.coll.all_gather(int(self.tpl.g.unit[v]))
-
-    def _run_reduce(self, st, v):
-        if self.tpl.g.rows[v]:
-            rows = self.emb_rows
-            self.coll.reduce_rows(rows.grad.view(-1), rows.n * rows.h, rows.h)
-            return
-        u = int(self.tpl.g.unit[v])
-        self.coll.reduce(u, self.tpl.g.meta.embedding_grad_align if u == 0 else 1)
-
-    def _run_d2h(self, st, v):
-        u, lo, hi = self._range(v)
-        key = (int(self.tpl.g.rank[v]), self.tpl.worker[v])
-        j = self.tpl.norm_slot[v]
-        rows = self.emb_rows
-        if self.tpl.g.rows[v]:  # this step's looked-up rows of the compact gradient
-            j0, j1 = rows.compact(lo, hi)
-            if j1 == j0:
-                if j >= 0:
-                    self.sq[j] = 0.0
-                return
-            lo, hi = j0 * rows.h, j1 * rows.h
-            src = rows.grad.view(-1)[lo:hi]
-        else:
-            src = self.window.grad(u)[lo:hi]
-        bulk = rows is not None and u == 0 and not self.tpl.g.rows[v]  # rows zeroed: counted once
-        dst = self.rings.grad[key][int(self.tpl.g.buffer[v])][:hi - lo]
-        if not self.cuda:
-            dst.copy_(src)
-            if bulk:
-                rows.zero_looked_up(dst, lo, hi)
-            if j >= 0:
-                wide = dst.float()
-                self.sq[j] = torch.dot(wide, wide)
-            return
-        wide = self.d2h_fp32[:hi - lo]
-        wide.copy_(src)
-        if bulk:
-            rows.zero_looked_up(wide, lo, hi)
-        if j >= 0:
-            self.sq_dev[j].copy_(torch.dot(wide, wide))
-            self.sq[j:j + 1].copy_(self.sq_dev[j:j + 1], non_blocking=True)
-        if dst.dtype == torch.float32:
-            dst.copy_(wide, non_blocking=True)
-        elif bulk:
-            dst.copy_(self.d2h_narrow[:hi - lo].copy_(wide), non_blocking=True)
-        else:
-            dst.copy_(src, non_blocking=True)
-
-    def _run_host_sum(self, st, v):
-        _, lo, hi = self._range(v)
-        n = hi - lo
-        if self.tpl.g.rows[v]:  # this step's looked-up rows of the chunk (what the D2Hs copied)
-            j0, j1 = self.emb_rows.compact(lo, hi)
-            n = (j1 - j0) * self.emb_rows.h
-            if n == 0:
-                self.sq[self.tpl.norm_slot[v]] = 0.0
-                return
-        acc = self.rings.host_sum(self.tpl.worker[v], self.tpl.grad_src[v], n,
-                                  in_place=self.plan.defer_update)
-        self.sq[self.tpl.norm_slot[v]] = torch.dot(acc, acc)
-
-    def _run_adam(self, st, v):
-        u, lo, hi = self._range(v)
-        w, tpl = self.tpl.worker[v], self.tpl
-        rows = self.emb_rows
-        if tpl.g.rows[v]:
-            j0, j1 = rows.compact(lo, hi)
-            hi = lo + (j1 - j0) * rows.h
-        if tpl.summed[v] and not self.plan.defer_update:
-            g = self.rings.acc[w][:hi - lo]
-        elif not tpl.grad_src[v]:  # the untied embedding's bulk: a zero gradient
-            g = rows.zero[:hi - lo]
-        else:
-            (key, slot), = tpl.grad_src[v]
-            g = self.rings.grad[key][slot][:hi - lo]
-        if v in self.clip_at:  # every gradient chunk of the step is in: its producers precede v
-            st.clip[w] = min(1.0, self.opt.grad_clip / (math.sqrt(float(self.sq.double().sum()))
-                                                        + 1e-6))
-        hs = self.host_state
-        if tpl.g.rows[v]:
-            if j1 > j0:
-                new = rows.rows_adam(w, hs.unit_master(0), hs.unit_m(0), hs.unit_v(0), g, j0, j1,
-                                     st.adam_step[0], self.opt, st.lr, st.clip[w])
-                if hs.copy is not None:
-                    hs.unit_copy(0).view(-1, rows.h).index_copy_(0, rows.u[j0:j1], new.to(self.dtype))
-            return
-        p = hs.unit_master(u)[lo:hi]
-        m, var = hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi]
-        if rows is not None and u == 0:  # the bulk: the looked-up rows keep their state
-            rows.bulk_adam(w, p, g, m, var, lo, st.adam_step[0], self.opt, st.lr, st.clip[w])
-        else:
-            adamw_chunk(p, g, m, var, st.adam_step[u], self.opt, st.lr, st.clip[w])
-        if hs.copy is not None:
-            hs.unit_copy(u)[lo:hi].copy_(p)
-
-    # each task kind's function: unbound, so that an engine holds no reference cycle and is freed
-    # (with its GPU and pinned buffers) as soon as its last reference goes
-    _RUN = {Kind.CAST: _run_cast, Kind.H2D: _run_h2d, Kind.ALLGATHER: _run_allgather,
-            Kind.EMBED_FWD: _run_embed_fwd, Kind.FWD: _run_fwd, Kind.ACT_OFFLOAD: _run_act_offload,
-            Kind.ACT_RELOAD: _run_act_reload, Kind.HEAD_LOSS: _run_head_loss,
-            Kind.RECOMPUTE: _run_recompute, Kind.BWD: _run_bwd, Kind.EMBED_BWD: _run_embed_bwd,
-            Kind.REDUCE: _run_reduce, Kind.D2H: _run_d2h, Kind.HOST_SUM: _run_host_sum,
-            Kind.ADAM: _run_adam}
-
-
-def own_omp_team(threads: int) -> None:
-    """Give the calling thread its own OpenMP team of `threads` for its later torch CPU ops.
-
-    torch.set_num_threads sets the calling thread's OpenMP team size and a process-wide default,
-    but a thread's first parallel op (or get_num_threads) re-initialises its team from that
-    process-wide default unless the thread was initialised before: set alone, every worker ends
-    up with the size the LAST worker set (a race: the GPU runs of 2026-11-30 ran every CPU agent
-    with the update team's size). Initialising first makes the setting stick to this thread."""
-    torch.get_num_threads()  # initialise this thread's team (from the process default)
-    torch.set_num_threads(threads)
-
-
-def _accumulate(dst: torch.Tensor, g: torch.Tensor, micro_batch: int) -> None:
-    """Gradient accumulation over micro-batches: the first one writes, the others add."""
-    if micro_batch == 0:
-        dst.copy_(g)
-    else:
-        dst.add_(g)
+    return run
 
 
 def channel_busy_s(timeline: Timeline) -> dict[str, float]:
