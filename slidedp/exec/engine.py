@@ -134,7 +134,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -143,7 +143,7 @@ from slidedp.exec.adamw import AdamWConfig
 from slidedp.exec.buffers import Buffers, BufferSpec
 from slidedp.exec.dist.ownership import process_threads, task_owners
 from slidedp.exec.dist.session import DistSession
-from slidedp.exec.embedding_rows import EmbeddingRows
+from slidedp.exec.features import FEATURES
 from slidedp.exec.host_state import HostState
 from slidedp.exec.interpreter import MODES, Interpreter, Step
 from slidedp.exec.kernels import KERNELS, Context, StepData
@@ -151,7 +151,7 @@ from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.loss import IGNORE_INDEX, shift_labels
 from slidedp.exec.policy_runner import PolicyRunner
 from slidedp.exec.template import Template
-from slidedp.graph.build import FP32_BYTES, build_graph
+from slidedp.graph.build import build_graph
 from slidedp.graph.tasks import Kind
 from slidedp.graph.timeline import Timeline, union_intervals
 from slidedp.spec.errors import SpecError
@@ -219,11 +219,9 @@ class Engine:
             raise SpecError("workload", "model", f"a model whose units have {numels} parameters "
                             f"(the config's), got {workload.model.unit_params()}")
         cores = os.cpu_count() or 1
-        self.split_embedding = plan.splits_embedding  # embedding_rows (off when deferred)
-        g = build_graph(workload, plan, cores, iterations=1,
-                        first_delivery=not self.split_embedding)
+        options = {key: val for F in FEATURES for key, val in F.graph_options(plan).items()}
+        g = build_graph(workload, plan, cores, iterations=1, **options)
         self.tpl = tpl = Template(g, task_owners(g, plan), self.rank)
-        self.n_workers = g.meta.update_workers
         self.host_state = self._host_state(host_state, numels, dtype if plan.host_bf16_copy
                                            else None)
         self.iteration = 0
@@ -234,28 +232,22 @@ class Engine:
         if self.cuda:
             torch.cuda.set_device(self.device)
             self.host_state.pin()
-        self.ctx = self._context(g)
-        self.bufs = self.ctx.bufs
-        self._embedding_delivered = False  # split embedding: a step delivers the next one's
         self._gc_frozen = False  # set after the first step (_freeze_long_lived)
-        table = [partial(KERNELS[tpl.kind[v]], self.ctx) if tpl.local[v] else None
-                 for v in range(tpl.n)]
-        if probe is not None:
-            table = [_probed(f, probe, tpl, v, self.bufs.window)
-                     if f is not None and tpl.kind[v] in READS_SLOT else f
-                     for v, f in enumerate(table)]
-        self.interpreter = Interpreter(tpl, table, mode=mode, device=self.device, session=session,
-                                       done=self.bufs.done, process_threads=threads)
+        self.ctx = self._reserve()
+        self.bufs = self.ctx.bufs
+        self.interpreter = Interpreter(tpl, self._kernels(probe), mode=mode, device=self.device,
+                                       session=session, done=self.bufs.done,
+                                       process_threads=threads)
 
     @staticmethod
     def _checked(workload: Workload, plan: Plan, mode: str, optimizer: AdamWConfig,
                  host_state: HostState | None, session: DistSession | None) -> Plan:
-        """The arguments checked; the plan the engine runs."""
+        """The arguments checked; the plan the engine runs (as the features adjust it)."""
         if mode not in MODES:
             raise SpecError("engine", "mode", f"one of {', '.join(MODES)}, got {mode!r}")
         R = workload.gpus
-        if optimizer.grad_clip is not None:  # exact clipping defers the update (module docstring)
-            plan = replace(plan, defer_update=True)
+        for F in FEATURES:
+            plan = F.adjust(plan, optimizer)
         if (session.world_size if session else 1) != R:
             raise SpecError("engine", "session", f"a DistSession of workload.gpus = {R} rank "
                             "processes (start them with slidedp.exec.dist.launch)")
@@ -276,38 +268,42 @@ class Engine:
                             f"dtype {copy_dtype}, got {host_state.unit_numels} / {host_state.copy_dtype}")
         return host_state
 
-    def _context(self, g) -> Context:
-        """Reserve the buffers (nothing of this is allocated later) and the kernels' context."""
-        tpl, plan, runner = self.tpl, self.plan, self.runner
-        wire = torch.float32 if g.meta.grad_wire_bytes == FP32_BYTES else self.dtype
-        spec = BufferSpec(grad_dtype=wire, host_sum_acc=not plan.defer_update,
-                          embedding_grad=runner.tied or not self.split_embedding,
-                          masked_downloads=self.split_embedding and runner.tied)
-        # what each layer's policy keeps: its entry sizes from one forward per distinct policy
-        policies = [None] + [parse_policy(plan.policy_of(layer))
+    def _reserve(self) -> Context:
+        """The kernels' context with every buffer reserved (nothing of this is allocated later),
+        the enabled features' included."""
+        runner = self.runner
+        policies = [None] + [parse_policy(self.plan.policy_of(layer))
                              for layer in range(1, runner.n_layers + 1)]
-        layer_runner = PolicyRunner(runner, None)
-        bufs = Buffers(spec, tpl, plan, self.wl, runner, layer_runner, policies, self.device,
-                       self.dtype, self.session)
-        ctx = Context(tpl, plan, self.wl, self.opt, self.dtype, runner, layer_runner, policies,
-                      self.host_state, bufs)
-        # where the clipping coefficient is computed: the first ADAM of each update worker
-        if self.opt.grad_clip is not None:
-            ctx.clip_at = {int(ts[g.kind[ts] == Kind.ADAM][0]) for ts in g.agent_tasks
-                           if (g.kind[ts] == Kind.ADAM).any()}
-        if self.split_embedding:
-            rows_cast = int((g.elem_hi - g.elem_lo)[g.rows & (g.kind == Kind.CAST)].max())
-            ctx.emb_rows = EmbeddingRows(
-                runner.vocab, runner.hidden, g.meta.embedding_rows_elems // runner.hidden,
-                tpl.largest(Kind.ADAM), rows_cast, bufs.local_workers, self.device, self.dtype,
-                zero_grad=not runner.tied)
+        ctx = Context(self.tpl, self.plan, self.wl, self.opt, self.dtype, runner,
+                      PolicyRunner(runner, None), policies, self.host_state, self.device)
+        enabled = [F for F in FEATURES if F.enabled(ctx)]
+        spec = BufferSpec()
+        for F in enabled:
+            F.configure(spec, ctx)
+        ctx.bufs = Buffers(spec, self.tpl, self.plan, self.wl, runner, ctx.layer_runner, policies,
+                           self.device, self.dtype, self.session)
+        self.features = [F(ctx) for F in enabled]
         return ctx
 
-    # ---- public -------------------------------------------------------------------------------
+    def _kernels(self, probe: Probe | None) -> list:
+        """Per task: the kernel this process runs it with (None: another process runs it)."""
+        tpl = self.tpl
+        table = [partial(KERNELS[tpl.kind[v]], self.ctx)
+                 if tpl.local[v] and tpl.kind[v] in KERNELS else None for v in range(tpl.n)]
+        for f in self.features:
+            for v, kernel in f.kernels(table).items():
+                table[v] = kernel
+        missing = [tpl.g.label(v) for v in range(tpl.n) if tpl.local[v] and table[v] is None]
+        if missing:
+            raise RuntimeError(f"no kernel runs {', '.join(missing[:3])}: a feature module is "
+                               "not registered (exec/features/__init__.py)")
+        if probe is not None:
+            table = [_probed(f, probe, tpl, v, self.bufs.window)
+                     if f is not None and tpl.kind[v] in READS_SLOT else f
+                     for v, f in enumerate(table)]
+        return table
 
-    @property
-    def emb_rows(self) -> EmbeddingRows | None:
-        return self.ctx.emb_rows
+    # ---- public -------------------------------------------------------------------------------
 
     def step(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
              lr: float | None = None) -> StepResult:
@@ -327,13 +323,11 @@ class Engine:
         st = Step(self.interpreter.issued, self.iteration + 1, None)
         st.data = d = self._step_data(input_ids, targets, n_valid, lr)
         self.bufs.acts.reset()  # nothing is kept across steps (a failed step may have left entries)
-        if self.ctx.emb_rows is not None:
-            self.ctx.emb_rows.begin_step(input_ids, d.ids)
-            if not self._embedding_delivered:
-                self._deliver_embedding()
-            self._embedding_delivered = False  # until this step has delivered the next one's
+        for f in self.features:
+            f.begin_step(d, input_ids)
         t_ref = self.interpreter.run(st)
-        self._embedding_delivered = True
+        for f in self.features:
+            f.end_step()
         loss, sqnorm = float(d.loss), float(self.bufs.sq[self.bufs.local_sq].double().sum())
         if self.session is None or self.session.local_rank == 0:
             self.host_state.steps += 1  # this step's update of every unit is done (rank 0: its own)
@@ -362,13 +356,13 @@ class Engine:
             ids=input_ids[mine].to(self.device).split(mb),
             targets=[t.reshape(-1) for t in targets[mine].to(self.device).split(mb)],
             rope=self.runner.rope(wl.seq_len),
-            loss=torch.zeros((), dtype=torch.float32, device=self.device),
-            clip=[1.0] * self.n_workers)
+            loss=torch.zeros((), dtype=torch.float32, device=self.device))
 
     def host_state_changed(self) -> None:
-        """The host state was written outside the steps: deliver the embedding again before the
-        next step (plan.embedding_rows; every other unit is delivered by each step anyway)."""
-        self._embedding_delivered = False
+        """The host state was written outside the steps: a feature that keeps part of it on the
+        GPU across steps delivers it again before the next step."""
+        for f in self.features:
+            f.host_state_changed()
 
     def close(self) -> None:
         """Stop the workers and release pinned registrations (the HostState stays open)."""
@@ -384,19 +378,6 @@ class Engine:
         gc.collect()
         gc.freeze()
         self._gc_frozen = True
-
-    def _deliver_embedding(self) -> None:
-        """The embedding into this rank's slot, whole and synchronously, before the first step of
-        a split embedding (and after a failed step), whose steps each deliver the next step's.
-        Straight from the host state (pageable: a synchronous copy, once), a staging-ring chunk
-        at a time; not through the ring, which the other ranks share."""
-        src = self.host_state.unit_copy(0) if self.plan.host_bf16_copy else \
-            self.host_state.unit_master(0)
-        slot, step = self.bufs.window.slot(0), len(self.bufs.rings.staging[0])
-        for lo in range(0, len(src), step):
-            slot[lo:lo + step].copy_(src[lo:lo + step])
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
 
 
 def _probed(kernel, probe: Probe, tpl: Template, v: int, window):

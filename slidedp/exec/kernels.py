@@ -9,7 +9,7 @@ work. No kernel synchronizes the host or allocates a buffer that another stream 
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +17,6 @@ import torch.nn.functional as F
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.buffers import Buffers
-from slidedp.exec.embedding_rows import EmbeddingRows
 from slidedp.exec.host_state import HostState
 from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.loss import linear_cross_entropy
@@ -41,13 +40,14 @@ class Context:
     layer_runner: PolicyRunner
     policies: list  # per decoder layer l (index l; 0 unused): its parsed activation policy
     host_state: HostState
-    bufs: Buffers
-    emb_rows: EmbeddingRows | None = None
-    clip_at: set[int] = field(default_factory=set)
+    device: torch.device
+    bufs: Buffers | None = None  # reserved once the plan features have set the BufferSpec
+    # download(k, v, src, mask): a gradient chunk into D2H v's ring chunk (a feature may set it)
+    download: Callable = field(default_factory=lambda: download)
+    cuda: bool = field(init=False)
 
-    @property
-    def cuda(self) -> bool:
-        return self.bufs.device.type == "cuda"
+    def __post_init__(self):
+        self.cuda = self.device.type == "cuda"
 
 
 @dataclass(eq=False)
@@ -62,7 +62,6 @@ class StepData:
     targets: list[torch.Tensor]  # per micro-batch, shifted labels, flat
     rope: tuple[torch.Tensor, torch.Tensor]
     loss: torch.Tensor  # device scalar, summed by HEAD_LOSS
-    clip: list[float]  # per update worker: the clipping coefficient of this step
     cur: list[torch.Tensor] = field(default_factory=list)  # per micro-batch: hidden states / grads
     layers: dict[tuple[int, int], LayerState] = field(default_factory=dict)  # (layer, mb)
 
@@ -84,24 +83,14 @@ def accumulate(dst: torch.Tensor, g: torch.Tensor, micro_batch: int) -> None:
 def cast(k: Context, d: StepData, v: int) -> None:
     u, lo, hi = span(k, v)
     staging = k.bufs.rings.staging[int(k.tpl.g.buffer[v])]
-    if k.tpl.g.rows[v]:
-        j0, j1 = k.emb_rows.compact(lo, hi)
-        if j1 > j0:
-            k.emb_rows.rows_cast(staging, k.host_state.unit_master(0), j0, j1)
-        return
     staging[:hi - lo].copy_(k.host_state.unit_master(u)[lo:hi])
 
 
 def h2d(k: Context, d: StepData, v: int) -> None:
     u, lo, hi = span(k, v)
-    i, window = k.tpl.h2d_src[v], k.bufs.window
-    if k.tpl.g.rows[v]:
-        j0, j1 = k.emb_rows.compact(lo, hi)
-        if j1 > j0:
-            k.emb_rows.rows_h2d(window.slot(0), k.bufs.rings.staging[i], j0, j1)
-        return
+    i = k.tpl.h2d_src[v]  # -1: straight from the host state's parameter copy
     src = k.host_state.unit_copy(u)[lo:hi] if i < 0 else k.bufs.rings.staging[i][:hi - lo]
-    window.slot(u)[lo:hi].copy_(src, non_blocking=True)
+    k.bufs.window.slot(u)[lo:hi].copy_(src, non_blocking=True)
 
 
 def embed_fwd(k: Context, d: StepData, v: int) -> None:
@@ -125,14 +114,6 @@ def fwd(k: Context, d: StepData, v: int) -> None:
         d.cur[b] = out
 
 
-def act_offload(k: Context, d: StepData, v: int) -> None:
-    k.bufs.acts.offload(int(k.tpl.g.unit[v]))
-
-
-def act_reload(k: Context, d: StepData, v: int) -> None:
-    k.bufs.acts.reload_layer(int(k.tpl.g.unit[v]))
-
-
 def head_loss(k: Context, d: StepData, v: int) -> None:
     runner, window = k.runner, k.bufs.window
     head_u = runner.n_layers + 1
@@ -154,8 +135,6 @@ def head_loss(k: Context, d: StepData, v: int) -> None:
         accumulate(head_grad["norm.weight"], gw, b)
         d.loss += loss
         d.cur[b] = gx
-    if k.emb_rows is not None and runner.tied:
-        k.emb_rows.gather_head(grad_weight)
 
 
 def recompute(k: Context, d: StepData, v: int) -> None:
@@ -177,10 +156,6 @@ def bwd(k: Context, d: StepData, v: int) -> None:
 
 
 def embed_bwd(k: Context, d: StepData, v: int) -> None:
-    if k.emb_rows is not None:
-        k.emb_rows.add_lookups(d.cur, d.ids, k.runner.padding_idx, k.runner.tied)
-        d.cur = []
-        return
     grad = k.bufs.window.grad_views(0)["weight"]
     if not k.runner.tied:  # tied: HEAD_LOSS already wrote the head's share
         grad.zero_()
@@ -198,108 +173,98 @@ def allgather(k: Context, d: StepData, v: int) -> None:
 
 
 def reduce(k: Context, d: StepData, v: int) -> None:
-    g = k.tpl.g
-    if g.rows[v]:
-        rows = k.emb_rows
-        k.bufs.coll.reduce_rows(rows.grad.view(-1), rows.n * rows.h, rows.h)
-        return
-    u = int(g.unit[v])
-    k.bufs.coll.reduce(u, g.meta.embedding_grad_align if u == 0 else 1)
+    u, meta = int(k.tpl.g.unit[v]), k.tpl.g.meta
+    k.bufs.coll.reduce(u, meta.embedding_grad_align if u == 0 else 1)
 
 
 def d2h(k: Context, d: StepData, v: int) -> None:
     u, lo, hi = span(k, v)
-    tpl, bufs = k.tpl, k.bufs
+    k.download(k, v, k.bufs.window.grad(u)[lo:hi])
+
+
+def ring_chunk(k: Context, v: int, n: int) -> torch.Tensor:
+    """The first n elements of the gradient ring chunk task v writes (a D2H)."""
+    tpl = k.tpl
     key = (int(tpl.g.rank[v]), tpl.worker[v])
-    j = tpl.norm_slot[v]
-    rows = k.emb_rows
-    if tpl.g.rows[v]:  # this step's looked-up rows of the compact gradient
-        j0, j1 = rows.compact(lo, hi)
-        if j1 == j0:
-            if j >= 0:
-                bufs.sq[j] = 0.0
-            return
-        lo, hi = j0 * rows.h, j1 * rows.h
-        src = rows.grad.view(-1)[lo:hi]
-    else:
-        src = bufs.window.grad(u)[lo:hi]
-    bulk = rows is not None and u == 0 and not tpl.g.rows[v]  # rows zeroed: counted once
-    dst = bufs.rings.grad[key][int(tpl.g.buffer[v])][:hi - lo]
+    return k.bufs.rings.grad[key][int(tpl.g.buffer[v])][:n]
+
+
+def widened(k: Context, v: int, src: torch.Tensor, dst: torch.Tensor,
+            mask: Callable[[torch.Tensor], None] | None) -> torch.Tensor | None:
+    """D2H of gradient chunk src (device) into ring chunk dst, up to the last copy: on the GPU,
+    src widened to FP32 into d2h_fp32, mask applied there, its squared norm enqueued into sq
+    (a producer of an aggregated chunk: norm slot >= 0); the widened chunk is returned for the
+    last copy. On the CPU, src copied into dst, mask applied, its norm taken; None."""
+    j, bufs = k.tpl.norm_slot[v], k.bufs
     if not k.cuda:
         dst.copy_(src)
-        if bulk:
-            rows.zero_looked_up(dst, lo, hi)
+        if mask is not None:
+            mask(dst)
         if j >= 0:
             wide = dst.float()
             bufs.sq[j] = torch.dot(wide, wide)
-        return
-    wide = bufs.d2h_fp32[:hi - lo]
+        return None
+    wide = bufs.d2h_fp32[:len(src)]
     wide.copy_(src)
-    if bulk:
-        rows.zero_looked_up(wide, lo, hi)
+    if mask is not None:
+        mask(wide)
     if j >= 0:
         bufs.sq_dev[j].copy_(torch.dot(wide, wide))
         bufs.sq[j:j + 1].copy_(bufs.sq_dev[j:j + 1], non_blocking=True)
-    if dst.dtype == torch.float32:
+    return wide
+
+
+def download(k: Context, v: int, src: torch.Tensor,
+             mask: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Gradient chunk src into task v's FP32 ring chunk (widened on the GPU), with its norm;
+    mask(chunk), if given, zeroes part of the widened chunk first."""
+    dst = ring_chunk(k, v, len(src))
+    wide = widened(k, v, src, dst, mask)
+    if wide is not None:
         dst.copy_(wide, non_blocking=True)
-    elif bulk:
-        dst.copy_(bufs.d2h_narrow[:hi - lo].copy_(wide), non_blocking=True)
-    else:
-        dst.copy_(src, non_blocking=True)
 
 
 def host_sum(k: Context, d: StepData, v: int) -> None:
     _, lo, hi = span(k, v)
-    n = hi - lo
+    sum_chunks(k, v, hi - lo)
+
+
+def sum_chunks(k: Context, v: int, n: int, in_place: bool = False) -> None:
+    """HOST_SUM v: the ranks' chunks (n elements) summed in FP32 into its worker's accumulator
+    (or, in_place, into the first chunk), and the sum's squared norm into sq."""
     tpl, bufs = k.tpl, k.bufs
-    if tpl.g.rows[v]:  # this step's looked-up rows of the chunk (what the D2Hs copied)
-        j0, j1 = k.emb_rows.compact(lo, hi)
-        n = (j1 - j0) * k.emb_rows.h
-        if n == 0:
-            bufs.sq[tpl.norm_slot[v]] = 0.0
-            return
-    acc = bufs.rings.host_sum(tpl.worker[v], tpl.grad_src[v], n, in_place=k.plan.defer_update)
+    acc = bufs.rings.host_sum(tpl.worker[v], tpl.grad_src[v], n, in_place=in_place)
     bufs.sq[tpl.norm_slot[v]] = torch.dot(acc, acc)
 
 
 def adam(k: Context, d: StepData, v: int) -> None:
     u, lo, hi = span(k, v)
-    tpl, bufs = k.tpl, k.bufs
-    w = tpl.worker[v]
-    rows = k.emb_rows
-    if tpl.g.rows[v]:
-        j0, j1 = rows.compact(lo, hi)
-        hi = lo + (j1 - j0) * rows.h
-    if tpl.summed[v] and not k.plan.defer_update:
-        g = bufs.rings.acc[w][:hi - lo]
-    elif not tpl.grad_src[v]:  # the untied embedding's bulk: a zero gradient
-        g = rows.zero[:hi - lo]
-    else:
-        (key, slot), = tpl.grad_src[v]
-        g = bufs.rings.grad[key][slot][:hi - lo]
-    if v in k.clip_at:  # every gradient chunk of the step is in: its producers precede v
-        d.clip[w] = min(1.0, k.opt.grad_clip / (math.sqrt(float(bufs.sq.double().sum()))
-                                                 + 1e-6))
+    update(k, d, u, lo, hi, adam_grad(k, v, hi - lo))
+
+
+def adam_grad(k: Context, v: int, n: int) -> torch.Tensor:
+    """The gradient ADAM v reads (n elements): its HOST_SUM's accumulator, or its ring chunk."""
+    tpl = k.tpl
+    if tpl.summed[v]:
+        return k.bufs.rings.acc[tpl.worker[v]][:n]
+    (key, slot), = tpl.grad_src[v]
+    return k.bufs.rings.grad[key][slot][:n]
+
+
+def update(k: Context, d: StepData, u: int, lo: int, hi: int, g: torch.Tensor,
+           coef: float = 1.0) -> None:
+    """AdamW on elements [lo, hi) of unit u with gradient g times coef (adamw.adamw_chunk), and
+    the parameter copy the uploads read, if the host state keeps one."""
     hs = k.host_state
-    if tpl.g.rows[v]:
-        if j1 > j0:
-            new = rows.rows_adam(w, hs.unit_master(0), hs.unit_m(0), hs.unit_v(0), g, j0, j1,
-                                 d.adam_step[0], k.opt, d.lr, d.clip[w])
-            if hs.copy is not None:
-                hs.unit_copy(0).view(-1, rows.h).index_copy_(0, rows.u[j0:j1], new.to(k.dtype))
-        return
     p = hs.unit_master(u)[lo:hi]
-    m, var = hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi]
-    if rows is not None and u == 0:  # the bulk: the looked-up rows keep their state
-        rows.bulk_adam(w, p, g, m, var, lo, d.adam_step[0], k.opt, d.lr, d.clip[w])
-    else:
-        adamw_chunk(p, g, m, var, d.adam_step[u], k.opt, d.lr, d.clip[w])
+    adamw_chunk(p, g, hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi], d.adam_step[u], k.opt, d.lr,
+                coef)
     if hs.copy is not None:
         hs.unit_copy(u)[lo:hi].copy_(p)
 
 
+# the base schedule's kernels; a plan feature adds its own kinds' (features/)
 KERNELS = {Kind.CAST: cast, Kind.H2D: h2d, Kind.ALLGATHER: allgather, Kind.EMBED_FWD: embed_fwd,
-           Kind.FWD: fwd, Kind.ACT_OFFLOAD: act_offload, Kind.ACT_RELOAD: act_reload,
-           Kind.HEAD_LOSS: head_loss, Kind.RECOMPUTE: recompute, Kind.BWD: bwd,
+           Kind.FWD: fwd, Kind.HEAD_LOSS: head_loss, Kind.RECOMPUTE: recompute, Kind.BWD: bwd,
            Kind.EMBED_BWD: embed_bwd, Kind.REDUCE: reduce, Kind.D2H: d2h,
            Kind.HOST_SUM: host_sum, Kind.ADAM: adam}
