@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_exec_engine import CONFIGS, _batches, _elems, _reference, _train
 
-from slidedp.exec.activations import KeptActivations
+from slidedp.exec.features.offload import OffloadedActivations
 from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.policy_runner import PolicyRunner, kept_layout
 from slidedp.exec.segment_layer import SegmentLayer
@@ -70,8 +70,8 @@ def _run_policy(family, policy: str, ratio: float):
     r, params, x, rope, g = _layer(family)
     p = parse_policy(policy)
     runner = PolicyRunner(r, None)
-    acts = runner.acts = KeptActivations([kept_layout(runner, p, params, x, rope)], 1, ratio, 2,
-                                         torch.device("cpu"), PinnedPool(pin=False))
+    acts = runner.acts = OffloadedActivations([kept_layout(runner, p, params, x, rope)], 1, ratio,
+                                              2, torch.device("cpu"), PinnedPool(pin=False))
     acts.add(1, 0, x)
     out, state = runner.forward(p, 1, 0, params, x, rope)
     if ratio:
@@ -146,7 +146,8 @@ def test_policy_keeps_what_its_layout_says():
     assert size["layer"] == size["seg:0b0000000"] == x.numel() * 4
     assert size["seg:0b0000000"] < size["seg:0b0100000"] < size["none"]
     assert size["layer"] < size["sac"] < size["none"]
-    acts = KeptActivations([(100, 60, 40)], 2, 0.5, 1, torch.device("cpu"), PinnedPool(pin=False))
+    acts = OffloadedActivations([(100, 60, 40)], 2, 0.5, 1, torch.device("cpu"),
+                                PinnedPool(pin=False))
     assert acts.offload_bytes(1) == 100  # the first half of the 200 bytes, in keep order
 
 

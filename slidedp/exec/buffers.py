@@ -76,9 +76,8 @@ class Buffers:
         layout = {p: kept_layout(layer_runner, p, self.window.params(1), x,
                                  runner.rope(wl.seq_len))
                   for p in set(policies[1:])}
-        self.acts = layer_runner.acts = KeptActivations(
-            [layout[p] for p in policies[1:]], wl.accum_steps, plan.offload_ratio,
-            plan.reload_ahead_layers, device, self.pool)
+        self.acts = layer_runner.acts = KeptActivations([layout[p] for p in policies[1:]],
+                                                        wl.accum_steps)
 
     def _host(self, spec: BufferSpec, tpl: Template, plan: Plan, dtype: torch.dtype,
               session: DistSession | None) -> None:
