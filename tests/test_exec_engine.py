@@ -68,15 +68,11 @@ def _train(cfg, plan: Plan, batches, mode="overlap", micro_batch=2, device="cpu"
            dtype=torch.float32, opt=OPT):
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=len(batches[0][0]),
                   micro_batch=micro_batch, gpus=1)
-    eng = Engine(cfg, wl, plan, optimizer=opt, mode=mode, device=device, dtype=dtype)
-    try:
+    with Engine(cfg, wl, plan, optimizer=opt, mode=mode, device=device, dtype=dtype) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         results = [eng.step(ids, labels) for ids, labels in batches]
         hs = eng.host_state
         return results, [hs.unit_master(u).clone() for u in range(hs.n_units)]
-    finally:
-        eng.close()
-        eng.host_state.close()
 
 
 def _check_against_reference(cfg, plan, micro_batch, batch=4, device="cpu", mode="overlap",
@@ -152,18 +148,14 @@ def test_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(name, devic
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=4, micro_batch=2, gpus=1)
     runs, init = [], None
     for widen, mib in ((GradWiden.HOST, plan.d2h_chunk_mib), (GradWiden.GPU, 2 * plan.d2h_chunk_mib)):
-        eng = Engine(cfg, wl, replace(plan, grad_widen=widen, d2h_chunk_mib=mib),
-                     optimizer=replace(OPT, grad_clip=clip), device=device, dtype=torch.bfloat16)
-        try:
+        with Engine(cfg, wl, replace(plan, grad_widen=widen, d2h_chunk_mib=mib),
+                    optimizer=replace(OPT, grad_clip=clip), device=device, dtype=torch.bfloat16) as eng:
             eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
             init = [eng.host_state.unit_master(u).clone() for u in range(eng.host_state.n_units)]
             results = [eng.step(ids, labels) for ids, labels in batches]
             hs = eng.host_state
             runs.append((results, [hs.unit_master(u).clone() for u in range(hs.n_units)],
                          {t.dtype for ring in eng.bufs.rings.grad.values() for t in ring}))
-        finally:
-            eng.close()
-            hs.close()
     (a, pa, ring_a), (b, pb, ring_b) = runs
     assert (ring_a, ring_b) == ({torch.bfloat16}, {torch.float32})  # the two ran differently
     if device == "cpu":
@@ -249,7 +241,6 @@ def test_overlap_mode_overlaps_update_with_backward():
     plan = Plan(window_slots=2, d2h_chunk_mib=_elems(65536), h2d_chunk_mib=_elems(65536))
     gen = torch.Generator().manual_seed(0)
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=128, global_batch=4, micro_batch=4, gpus=1)
-    eng = Engine(cfg, wl, plan, optimizer=OPT, mode="overlap")
     update_started, bwd_started = threading.Event(), threading.Event()
 
     def adam(kernel, d, v):
@@ -264,13 +255,10 @@ def test_overlap_mode_overlaps_update_with_backward():
             assert update_started.wait(60), "no update of layer 2 ran during layer 1's BWD"
         kernel(d, v)
 
-    try:
+    with Engine(cfg, wl, plan, optimizer=OPT, mode="overlap") as eng:
         eng.step(torch.randint(0, 512, (4, 128), generator=gen))
         wrap_kernels(eng, {Kind.ADAM: adam, Kind.BWD: bwd})
         res = eng.step(torch.randint(0, 512, (4, 128), generator=gen))
-    finally:
-        eng.close()
-        eng.host_state.close()
     recs = res.timeline.records
     adams = [r for r in recs if r.kind == "ADAM" and 1 <= r.unit <= 4]
     compute = [r for r in recs if r.kind in ("RECOMPUTE", "BWD")]
@@ -382,12 +370,8 @@ def test_embedding_rows_are_off_when_clipping():
     opt = replace(OPT, grad_clip=0.5)
     _check_against_reference(cfg, plan, 2, opt=opt)
     wl = Workload(parse_hf_config(cfg, "test"), SEQ, 4, 2, 1)
-    eng = Engine(cfg, wl, plan, optimizer=opt)
-    try:
+    with Engine(cfg, wl, plan, optimizer=opt) as eng:
         assert [f.name for f in eng.features] == ["deferred_update"]  # no split embedding
-    finally:
-        eng.close()
-        eng.host_state.close()
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -408,17 +392,13 @@ def test_embedding_rows_redeliver_after_a_failed_step():
             seen.append(torch.equal(slot, eng.host_state.unit_master(0)))
 
     wl = Workload(parse_hf_config(cfg, "test"), SEQ, 4, 2, 1)
-    eng = Engine(cfg, wl, plan, optimizer=OPT, mode="sync", probe=probe)
-    try:
+    with Engine(cfg, wl, plan, optimizer=OPT, mode="sync", probe=probe) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         batches = _batches(cfg, 4)
         eng.step(*batches[0])
         with pytest.raises(RuntimeError, match="injected"):
             eng.step(*batches[1])
         eng.step(*batches[2])
-    finally:
-        eng.close()
-        eng.host_state.close()
     assert seen == [True, True, True]
 
 
@@ -438,8 +418,7 @@ def test_long_lived_objects_leave_the_collector_after_the_first_step():
     to the collector."""
     cfg = CONFIGS["qwen3"]
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=2, micro_batch=2, gpus=1)
-    eng = Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT)
-    try:
+    with Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         ids, labels = _batches(cfg, 2)[0]
         frozen_before = gc.get_freeze_count()
@@ -449,9 +428,6 @@ def test_long_lived_objects_leave_the_collector_after_the_first_step():
         after_two = gc.get_freeze_count()
         eng.step(ids, labels)
         assert gc.get_freeze_count() == after_two
-    finally:
-        eng.close()
-        eng.host_state.close()
     assert gc.get_freeze_count() == 0
 
 

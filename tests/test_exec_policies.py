@@ -235,12 +235,8 @@ def test_a_step_after_a_failed_step_starts_clean():
             raise RuntimeError("injected")
 
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=4, micro_batch=2, gpus=1)
-    eng = Engine(cfg, wl, _plan(("sac",), 0.5, n), optimizer=OPT, probe=probe)
-    try:
+    with Engine(cfg, wl, _plan(("sac",), 0.5, n), optimizer=OPT, probe=probe) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         with pytest.raises(RuntimeError, match="injected"):
             eng.step(ids, labels)
         assert eng.step(ids, labels).loss > 0
-    finally:
-        eng.close()
-        eng.host_state.close()

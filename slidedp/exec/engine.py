@@ -190,8 +190,8 @@ class Engine:
                  dtype: torch.dtype = torch.float32, mode: str = "overlap",
                  optimizer: AdamWConfig, host_state: HostState | None = None,
                  session: DistSession | None = None, probe: Probe | None = None):
-        """Without `host_state` the engine creates one (eng.host_state: the caller closes it);
-        if the construction then fails, that one is closed here (its shared memory removed)."""
+        """Without `host_state` the engine creates one (eng.host_state), closed with the engine
+        (or here, if the construction fails: its shared memory removed)."""
         self._created_state: HostState | None = None
         try:
             self._build(model_config, workload, plan, device, dtype, mode, optimizer, host_state,
@@ -364,13 +364,23 @@ class Engine:
         for f in self.features:
             f.host_state_changed()
 
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Stop the workers and release pinned registrations (the HostState stays open)."""
+        """Stop the workers, release the pinned registrations and close the host state the engine
+        created (one passed in stays open). The with-statement calls it; an owner that holds the
+        engine beyond one block (the Trainer) calls it itself."""
         self.interpreter.close()
         self.bufs.close()
         if self._gc_frozen:  # what this engine held may be collected again
             gc.unfreeze()
             self._gc_frozen = False
+        if self._created_state is not None:
+            self._created_state.close()
 
     def _freeze_long_lived(self) -> None:
         """After the first step ("Python's cyclic garbage collector" in the module docstring):
