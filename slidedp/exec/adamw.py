@@ -35,7 +35,8 @@ class AdamWConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
-    grad_clip: float | None = None  # max global L2 norm, as clip_grad_norm_ (engine.py: exact)
+    grad_clip: float | None = None  # max global L2 norm, as clip_grad_norm_ (exactly: the
+    # engine defers the update to clip; exec/features/deferred_update.py)
 
     def __post_init__(self):
         if self.lr < 0 or self.eps < 0 or self.weight_decay < 0:
@@ -47,7 +48,7 @@ class AdamWConfig:
 
 
 WIDEN_BLOCK = 1 << 22  # elements widened and updated at a time (16 MiB FP32): 4-6% faster than
-# 1 << 20 on nvidia-h200-x2 at 12 and 24 threads (benchmarks/widen_block_probe.py, 2026-12-01)
+# 1 << 20 with 12 and 24 update threads on an H200 host (benchmarks/widen_block_probe.py)
 _scratch = threading.local()  # per update thread: its FP32 block, allocated once
 
 

@@ -1,130 +1,20 @@
-"""The executor engine: an interpreter of the task graph's per-iteration template.
+"""The executor's engine: trains a transformers decoder model by interpreting the task graph.
 
-`build_graph(workload, plan, cores, iterations=1)` is the schedule, for R = workload.gpus ranks.
-R = 1 runs in the calling process. R > 1 runs in R rank processes started by torchrun
-(dist/launch.py), each with a DistSession (dist/session.py) and one Engine interpreting the same
-graph; each process runs the tasks it owns (dist/ownership.py: its rank's GPU agents, the
-collectives, and the host tasks assigned to it). Every agent with local tasks (gpu{r}.compute,
-gpu{r}.h2d, gpu{r}.d2h, fabric, cpu.cast0, cpu.update{w}) is a worker thread, created once, that
-walks its local tasks (template.py) in order each step; a task first waits for its predecessors
-on other agents (ORDER is the walk itself), then runs one small function per Kind (the
-`_run_<kind>` methods below). Each step issues the same template again and ends with a join.
+`Engine` builds the per-iteration graph of the plan (build_graph, iterations=1) and this process's
+Template of it, reserves every buffer once (buffers.py), binds a kernel to each of its tasks
+(kernels.py, and the plan features' own: features/) and starts one worker thread per agent
+(interpreter.py). Use it as a context manager; step() runs one optimizer step on a global batch.
+With workload.gpus = R > 1 each of R rank processes runs one Engine on the same graph, sharing
+the host state, the rings and the completion counters.
 
-Process contract (R > 1). State lives once per host, in shared memory every process maps:
-the HostState (FP32 master, Adam m and v, step counts), the staging ring, every (rank, worker)
-gradient ring, and `done`, one int64 completion counter per template task. The task owner
-writes done[v] = the step's sequence number when v is complete: a CPU task when it returns, a
-GPU task when its end event has completed (a notifier thread synchronizes the event; in sync
-mode the task's own thread does). A task waiting on a predecessor of another process polls
-done[u] >= seq (sleeping 20 us doubling to 1 ms), gives up with _Aborted when a local task
-failed, with PeerFailure when the status block names a failed peer, and with TimeoutError after
-the session's timeout. On x86 the stores are seen in program order (TSO), so data written before
-the counter is visible to whoever sees the counter. These are the graph's cross-process edges:
-H2D of rank r after the CAST into shared staging, CAST reusing a staging chunk after every
-rank's H2D of it, HOST_SUM (cpu route) after every rank's D2H, a D2H reusing a gradient ring slot
-after its reader. Collectives need no counters: all processes issue them in the graph's order on
-their fabric thread, and a collective waits only for its local predecessors (the collective joins
-the other ranks'). Ids are a topological order and every agent walks in id order, so the
-processes cannot deadlock.
-
-Stream contract (device = cuda). Each GPU agent and the fabric agent (the comm thread) owns one
-CUDA stream; every task's work is enqueued on its agent's stream and followed by a per-task
-`end` CUDA event (plus a `start` event for the measured Timeline). A per-step threading.Event
-`issued[v]` is set once task v's work is enqueued (GPU agents) or finished (CPU agents).
-Waiting on a local predecessor u:
-    GPU task after GPU task     host waits issued[u], then stream.wait_event(end[u])  (no host sync)
-    CPU task after GPU task     host waits issued[u], then end[u].synchronize()  (the host must
-                                see the bytes: CAST reusing a staging chunk after its H2D, ADAM
-                                reading a gradient chunk after its D2H)
-    any task after CPU task     host waits issued[u] (the CPU work is done), then enqueues
-Host synchronisations are exactly those CPU-after-GPU waits, the notifier's waits for tasks
-another process waits on, and two at the step boundary: torch.cuda.synchronize() after the
-inputs are uploaded (so the Timeline's reference event is recorded on an idle GPU) and after the
-join (loss, Timeline). Tensors that cross streams are reserved at construction (slots, gradient
-buffers, rings, the activation offload's host, reload and tail buffers), except a kept
-activation handed to ACT_OFFLOAD, which is record_stream()-ed on the D2H stream. Collectives run
-on the comm stream (dist/collectives.py).
-On the CPU (device = cpu, gloo) the same code runs: "streams" are the agent threads themselves,
-copies are plain copies done synchronously, and issued[v] means done.
-
-Step boundary: step() returns after every local task of the step has finished and, with R > 1,
-after the step-end sum of loss and squared gradient norm across processes (a gloo all-reduce:
-every process has then finished the step; local rank 0 counts the step in the shared step
-counters just before it). So the version gate I3 (next step's CAST/H2D of a unit after this
-step's ADAM of it) holds in every process, as do the cross-step reuses of buffers and counters.
-What it costs: the next step's first delivery is the embedding, whose gradient comes last, so it
-waits for the embedding's ADAM either way; only the ADAM tails of other units could have
-overlapped the next step's first deliveries. With plan.embedding_rows (exec/embedding_rows.py,
-docs/embedding-rows.md) each step delivers the NEXT step's embedding: every row during the
-backward, then the rows the batch looked up, the only part left on the boundary; the engine
-delivers it once itself before its first step and after a failed step (host_state_changed()
-after writing the host state between steps).
-
-Python's cyclic garbage collector: a step allocates a few objects per task (records, host
-times; the per-task threading events are the engine's, reused and cleared each step, as making
-them cost ~15 us each on the step's clock), and every few steps that garbage triggered a full
-collection, which walks every object the process holds (the model's modules, the template, the
-buffers' wrappers: some 10^5 to 10^6) with the GIL held, stalling every agent thread, the one
-that launches the GPU's kernels included. Measured on the CPU (benchmarks/gc_probe.py: a
-36-layer model, 7391 tasks, 371k objects): a full collection every 2 steps, 158 ms each; on
-nvidia-h200, one step in five to eight took ~0.2 s longer than its neighbours
-(benchmarks/RESULTS.md). So after its first step the engine collects once and freezes what is
-alive then (gc.freeze: long-lived objects leave the generations the collector walks); a full
-collection then walks only the newer objects (0.7-1.7 ms in the same probe). close()
-unfreezes them (gc.freeze is process-wide: every frozen object, the caller's too, goes back to
-the collector).
-
-Data: every process gets the same global batch; rank r computes rows [r P, (r+1) P) with
-P = accum_steps x micro_batch. Compute tasks cover all of a rank's micro-batches for their unit
-(layer-major):
-    EMBED_FWD   embeds every micro-batch; keeps layer 1's input
-    FWD(l)      runs every micro-batch through layer l under layer l's activation policy
-                (plan.policy_of(l), slidedp.spec.segments; policy_runner.py): "layer" without
-                autograd; the others build one autograd graph per micro-batch, keeping what
-                autograd saves outside the segments / ops the policy recomputes and the tensors
-                its recompute starts from ("none" keeps all autograd saves); keeps layer l+1's
-                input
-    HEAD_LOSS   final norm + chunked linear/cross-entropy (loss.py), forward and backward
-    RECOMPUTE(l) (only where the policy recomputes something) re-runs, with autograd, what the
-                policy recomputes, for micro-batch 0: the whole layer from its input ("layer"),
-                or the segments / ops it did not keep, from the nearest kept tensors; BWD(l)
-                takes the micro-batches in turn: recomputes b (b = 0 was done by RECOMPUTE),
-                back-propagates it (one autograd.grad per micro-batch, whatever the policy) and
-                drops what b kept, so one micro-batch's recomputed graph is alive at a time
-                (memory.py's `transient` term); the gradients of all micro-batches accumulate in
-                the gradient buffer
-    ACT_OFFLOAD(l) / ACT_RELOAD(l)  ratio plan.offload_ratio of what layer l keeps (its input
-                included, never parameters, which live in slots) goes to pinned host buffers
-                after the task that produced it (the producer of its input when it keeps only
-                that, else FWD(l)) and comes back into a reload buffer before RECOMPUTE(l) or
-                BWD(l) (activations.py: entries, buffers reserved at construction from one
-                forward per distinct policy)
-    EMBED_BWD   scatters the input gradients into the embedding's gradient
-Loss = mean over the non-ignored tokens of the GLOBAL batch (labels shifted as HF does); each
-rank's gradient is scaled by the global count, so their sum (REDUCE or HOST_SUM) is the
-gradient of the global batch.
-
-Gradient norm: whoever produces an aggregated gradient chunk writes its sum of squares into
-`sq[tpl.norm_slot[v]]`, one FP32 entry per producer in host memory (shared with R > 1): a D2H
-read by ADAM directly (on the GPU it squares the widened FP32 chunk there and copies the scalar
-back behind the chunk, so the host makes one pass over the gradient, Adam's; on the CPU a host
-dot) or a HOST_SUM (a host dot of the sum). The reported grad_norm is the exact unclipped norm:
-each process sums the entries it wrote, then the step-end all-reduce.
-
-Gradient clipping (AdamWConfig.grad_clip = max_norm), exactly as
-torch.nn.utils.clip_grad_norm_(params, max_norm) before torch.optim.AdamW: the engine runs the
-plan with defer_update (it sets it), so every ADAM of the step comes after every chunk producer
-of the step (graph/build.py: DATA edges to the first ADAM of each update worker, waited on
-locally or through the shared counters). That first ADAM sums all of sq in float64 (every entry
-is final: its producer is a predecessor, in this process or another) and takes
-coef = min(1, max_norm / (norm + 1e-6)); every ADAM of the worker multiplies its FP32 gradient
-by coef when coef < 1 (adamw.adamw_chunk: in place, or in the widened block of a BF16 chunk), as
-clip_grad_norm_ multiplies the gradients (torch._fused_adamw_'s grad_scale would divide by 1/coef
-instead: not the same rounding). Every worker of every process computes the same coef from the
-same entries in the same order, so R ranks, any route, clip alike. Cost: the rings the ADAMs read
-hold a whole step's gradient (+2 B/param of host memory as BF16, +4 as FP32: model/memory.py),
-the update no longer overlaps backward (the CPU update is exposed after it), and a clipped FP32
-gradient takes one more pass (read + write).
+Stream contract (device = cuda): each GPU agent and the fabric agent own one CUDA stream, and a
+task's work is enqueued on its agent's stream, followed by its end event. A GPU task waits on a
+GPU predecessor with stream.wait_event (no host sync); a CPU task waits on a GPU predecessor with
+event.synchronize() (the host must see the bytes); any task waits on a CPU predecessor through its
+issued event. The host synchronizes nowhere else but in the notifier's publication of tasks another
+process waits on and at the step boundary (after the inputs are uploaded, after every task).
+docs/executor.md is the whole contract: processes, step boundary, data across ranks, gradient
+norm and clipping.
 """
 
 from __future__ import annotations
@@ -177,13 +67,12 @@ class StepResult:
 
 
 class Engine:
-    """Host-streaming training of one transformers decoder model; see the module docstring.
+    """Host-streaming training of one transformers decoder model (docs/executor.md).
 
     With workload.gpus = R > 1, pass the process's DistSession and the HostState it made
     (session.host_state); the device is the session's. `probe` is for instrumented tests (it
-    may synchronize the device). With plan.embedding_rows each step delivers the next step's
-    embedding: after changing the host state between steps of a live engine, call
-    host_state_changed().
+    may synchronize the device). After changing the host state between steps of a live engine,
+    call host_state_changed().
     """
 
     def __init__(self, model_config, workload: Workload, plan: Plan, *, device: str = "cpu",
@@ -256,7 +145,7 @@ class Engine:
                             "(DistSession.host_state)")
         if not plan.step_join:
             raise SpecError("plan", "step_join", "true: the executor joins every agent at the step "
-                            "boundary (see 'Step boundary' above)")
+                            "boundary (docs/executor.md, 'Step boundary')")
         return plan
 
     def _host_state(self, host_state: HostState | None, numels: list[int],
@@ -309,7 +198,8 @@ class Engine:
              lr: float | None = None) -> StepResult:
         """One optimizer step on a global batch: input_ids (global_batch, seq_len) int64 on CPU.
 
-        With R ranks every process passes the same global batch (see "Data")."""
+        With R ranks every process passes the same global batch; rank r computes its share of
+        the rows (docs/executor.md, "Data across ranks")."""
         wl = self.wl
         if tuple(input_ids.shape) != (wl.global_batch, wl.seq_len):
             raise ValueError(f"input_ids must be ({wl.global_batch}, {wl.seq_len}), "
@@ -346,7 +236,8 @@ class Engine:
 
     def _step_data(self, input_ids: torch.Tensor, targets: torch.Tensor, n_valid: int,
                    lr: float | None) -> StepData:
-        """This rank's micro-batches on the device and the step's scalars (see "Data")."""
+        """This rank's micro-batches on the device and the step's scalars: rank r takes rows
+        [r P, (r + 1) P) of the global batch, P = accum_steps x micro_batch."""
         wl = self.wl
         mb, rows = wl.micro_batch, wl.accum_steps * wl.micro_batch
         mine = slice(self.rank * rows, (self.rank + 1) * rows)
@@ -383,8 +274,8 @@ class Engine:
             self._created_state.close()
 
     def _freeze_long_lived(self) -> None:
-        """After the first step ("Python's cyclic garbage collector" in the module docstring):
-        collect once, then move every object alive now out of the collector's generations."""
+        """After the first step (docs/executor.md, "Garbage collection"): collect once, then move
+        every object alive now out of the collector's generations."""
         gc.collect()
         gc.freeze()
         self._gc_frozen = True
