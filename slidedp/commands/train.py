@@ -314,7 +314,8 @@ def build(opts: dict, source=None):
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
     hw = r.hardware if opts["hardware"] else local_hardware(opts["device"], ranks)
     opt = AdamWConfig(lr=opts["lr"], betas=tuple(opts["betas"]), eps=opts["eps"],
-                      weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"])
+                      weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"],
+                      skip_nonfinite=opts["skip_nonfinite"] > 0)
     sched = LrSchedule(opts["lr_schedule"], opts["lr"], opts["warmup_steps"], opts["steps"])
     cfg = TrainConfig(
         out=Path(opts["out"]), data=opts["data"], seq=opts["seq"],

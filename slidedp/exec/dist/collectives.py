@@ -1,6 +1,6 @@
 """The fabric agent's collectives, in place on the window's buffers (default process group).
 
-The comm thread calls them inside its comm stream's context (engine.py): with NCCL the
+The comm thread calls them inside its comm stream's context (interpreter.py): with NCCL the
 collective waits for the work already on the comm stream and, being synchronous (async_op=False),
 makes the comm stream wait for it, so the task's end event on the comm stream marks its
 completion; with gloo (CPU) the call returns when it is done.
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from slidedp.exec.window import Window
-from slidedp.graph.build import shard_ranges, update_shards
+from slidedp.graph.sizes import shard_ranges, update_shards
 
 
 class Collectives:

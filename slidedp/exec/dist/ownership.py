@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from slidedp.graph.build import update_shards
+from slidedp.graph.sizes import update_shards
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.plan import Plan
 
