@@ -48,6 +48,8 @@ class Kind(IntEnum):
     HOST_SUM = 12
     D2H = 13
     ADAM = 14
+    NODE_REDUCE = 15  # a node's aggregated gradient chunk, reduced across nodes (NIC)
+    NODE_GATHER = 16  # the new BF16 weights of a chunk, all-gathered across nodes (NIC)
 
 
 class EdgeKind(IntEnum):
@@ -57,8 +59,9 @@ class EdgeKind(IntEnum):
     JOIN = 3  # the step boundary: the last task of every agent in t before the first ones of t+1
 
 
-# agent name prefixes: gpu{r}.compute, gpu{r}.h2d, gpu{r}.d2h, fabric, cpu.cast{w}, cpu.update{w}
-AGENT_KINDS = ("compute", "h2d", "d2h", "fabric", "cast", "update")
+# agent name prefixes: gpu{r}.compute, gpu{r}.h2d, gpu{r}.d2h, fabric, cpu.cast{w}, cpu.update{w},
+# nic{w} (update worker w's inter-node collectives: graph/features/internode.py)
+AGENT_KINDS = ("compute", "h2d", "d2h", "fabric", "cast", "update", "nic")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class GraphMeta:
     grad_wire_bytes: int = 4  # bytes per element of a downloaded gradient chunk
     embedding_grad_align: int = 1  # the embedding's gradient chunks are multiples of this
     kernels: str = "eager"  # the layers' kernels (plan.kernels): which measured layer times apply
+    nodes: int = 1  # nodes the job spans (workload.nodes): > 1 adds the inter-node tasks
 
 
 @dataclass

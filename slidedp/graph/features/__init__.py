@@ -5,6 +5,7 @@ from slidedp.graph.features.base import Feature
 from slidedp.graph.features.deferred_update import DeferredUpdate
 from slidedp.graph.features.embedding_rows import EmbeddingRows
 from slidedp.graph.features.grad_widen import HostWiden
+from slidedp.graph.features.internode import Internode
 from slidedp.graph.features.offload import Offload
 
 FEATURES: tuple[type[Feature], ...] = (
@@ -12,4 +13,5 @@ FEATURES: tuple[type[Feature], ...] = (
     HostWiden,
     DeferredUpdate,
     EmbeddingRows,
+    Internode,
 )

@@ -29,6 +29,8 @@ this order within iteration t:
                                  deliveries; `gates` is the base schedule's (or the previous
                                  feature's) answer
 and, whenever the base gradient path has a chunk ready for its ADAM:
+    before_update(chunk)         tasks between the chunk's producer and its ADAM, appended to
+                                 chunk.after (the ADAM waits on them)
     hold_chunk(chunk)            True: the feature issues that chunk's ADAM later itself
 and at the end, meta(): the GraphMeta fields the feature sets.
 """
@@ -122,6 +124,9 @@ class Feature:
 
     def version_gates(self, t: int, gates: dict) -> dict:
         return gates
+
+    def before_update(self, chunk: GradChunk) -> None:
+        return None
 
     def hold_chunk(self, chunk: GradChunk) -> bool:
         return False
