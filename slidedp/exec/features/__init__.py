@@ -6,11 +6,18 @@ hold no branch on a feature. Order matters where two features touch one task: a 
 kernel for it wins.
 """
 
-from slidedp.exec.features import deferred_update, embedding_rows, grad_widen, offload
+from slidedp.exec.features import (
+    deferred_update,
+    embedding_rows,
+    grad_widen,
+    internode,
+    offload,
+)
 
 FEATURES = (
     deferred_update.DeferredUpdate,
     grad_widen.WidenOnHost,
     offload.ActivationOffload,
     embedding_rows.SplitEmbedding,
+    internode.NodeReduce,
 )
