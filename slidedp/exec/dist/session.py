@@ -132,7 +132,7 @@ class DistSession:
         self._store = None  # the job's TCP store, with several nodes (module docstring)
         self.timeout_s, self.num_threads = timeout_s, num_threads
         self.graceful_stop = graceful_stop
-        self.name: str | None = None  # known once rank 0 has broadcast it
+        self.name: str | None = None  # this node's, known once every node's is gathered
         self._status = self._msg = None
         self._failed_at: float | None = None
         self._in_steps = False  # begin_steps() called: a first signal waits for a step boundary
