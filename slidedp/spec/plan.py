@@ -18,8 +18,9 @@ host memory and is reloaded `reload_ahead_layers` layers ahead of its backward.
 which exact global-norm clipping needs (the norm covers every chunk before any update). It costs
 ~4 B/param of host memory (the gradient rings the update reads hold a whole iteration's FP32
 chunks) and the update no longer overlaps backward: the whole CPU update is exposed after it.
-The executor sets it whenever the optimizer clips (AdamWConfig.grad_clip, exec/engine.py); set it
-yourself to predict or simulate that cost (`--defer-update`), or before a footprint check.
+The executor sets it whenever the optimizer clips (AdamWConfig.grad_clip, exec/engine.py);
+plan_for_clipping gives the plan of a clipping optimizer (`--grad-clip X` on train, predict,
+simulate and plan; X = 0 is no clipping), `--defer-update` sets it alone.
 `step_join` (default true) ends every iteration with a join of every agent, as the executor does
 (exec/engine.py, "Step boundary"): nothing of step t+1 starts before all of step t is done. False
 leaves only the per-unit version gates (I3) between iterations: what an executor pipelining
@@ -166,6 +167,17 @@ class Plan:
 
     def with_overrides(self, **kw) -> Plan:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+def plan_for_clipping(plan: Plan, grad_clip: float | None, skip_nonfinite: int = 0) -> Plan:
+    """The plan the executor runs for an optimizer that clips the global gradient norm to
+    `grad_clip` (None or 0: no clipping) or may skip up to `skip_nonfinite` non-finite steps:
+    both read the norm of every gradient chunk before any update, so every update is deferred
+    (defer_update). Without either, `plan` itself (an explicit defer_update stays). Train,
+    predict, simulate and plan all take the clipping schedule from here."""
+    if grad_clip or skip_nonfinite:
+        return replace(plan, defer_update=True)
+    return plan
 
 
 def team_cores(cores: int) -> int:
