@@ -147,6 +147,17 @@ def resolve_workload(args: argparse.Namespace, hw: HardwareSpec) -> Workload:
     return Workload(model, args.seq, gb, mb, gpus, where="command line")
 
 
+# the plan options (add_plan_options, less --plan) as with_plan_options reads them
+PLAN_OPTIONS = ("param_route", "grad_route", "update_sharding", "chunk_mib", "window_slots",
+                "offload_ratio", "update_workers", "host_bf16_copy", "kernels", "defer_update",
+                "grad_widen", "embedding_rows", "no_step_join")
+
+
+def plan_args(opts: dict) -> argparse.Namespace:
+    """The plan options of a dict of options (train's resolved ones) as a namespace."""
+    return argparse.Namespace(**{k: opts.get(k) for k in PLAN_OPTIONS})
+
+
 def with_plan_options(plan: Plan, args: argparse.Namespace) -> Plan:
     """`plan` with the plan options given (SpecErrors name the option)."""
     over = {"param_route": args.param_route and ParamRoute(args.param_route),

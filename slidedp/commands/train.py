@@ -7,8 +7,12 @@ configuration is printed at start as a TOML table that --config accepts back.
 The defaults train the tiny-qwen3 preset on the bundled tiny-markov data (seq 64) for 100 steps
 (a few seconds on a CPU); for a real model set at least --model, --data, --seq and --lr.
 
---plan auto: AutoPolicy chooses the plan first (commands/autoplan.py: hardware, cap, probes)
-and writes OUT/plan.toml and OUT/plan-report.txt.
+The plan: without --plan, the default chooser's on a GPU (the simulator on this machine's cached
+profile, the options given kept fixed) and the documented default plan on a CPU; --plan default
+takes the documented default plan anywhere, --plan auto-sim the chooser's anywhere
+(commands/default_choice.py). --plan auto: AutoPolicy chooses the plan with real probes
+(commands/autoplan.py: hardware, cap, probes). The chooser and AutoPolicy write OUT/plan.toml
+and OUT/plan-report.txt.
 
 --nproc R > 1 trains data-parallel in R rank processes on this host (GPUs: NCCL, one GPU each;
 CPU: gloo): this process checks the options, the fit and --out (bad input: one line, exit 2),
@@ -50,9 +54,9 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slidedp.commands import train_data
-from slidedp.commands.autoplan import AUTO, select_plan
-from slidedp.commands.common import add_plan_options, resolve
+from slidedp.commands import default_choice, train_data
+from slidedp.commands.autoplan import AUTO, PLAN_FILE, REPORT_FILE, select_plan
+from slidedp.commands.common import add_plan_options, plan_args, resolve
 from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
@@ -306,12 +310,11 @@ def build(opts: dict, source=None):
         raise SpecError("command line", "--nproc", f"at most the {torch.cuda.device_count()} "
                         f"CUDA devices of this host (one per rank), got {ranks}")
     source = source or open_model_source(opts["model"], seed=opts["seed"])
-    ns = argparse.Namespace(**{k: opts[k] for k in (
-        "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
-        "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
-        "host_bf16_copy", "kernels", "defer_update", "grad_widen", "embedding_rows",
-        "no_step_join")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
-        gpus=ranks)
+    ns = argparse.Namespace(**{k: opts[k] for k in ("seq", "micro_batch", "global_batch")},
+                            **vars(plan_args(opts)),
+                            plan=None if opts["plan"] == default_choice.DEFAULT else opts["plan"],
+                            hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
+                            gpus=ranks)
     r = resolve(ns)
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
     hw = r.hardware if opts["hardware"] else local_hardware(opts["device"], ranks)
@@ -366,6 +369,8 @@ def run_here(args: argparse.Namespace, signals: StopSignals) -> RunEnd:
         if created:  # bad input leaves no run directory behind
             lock.release(unlink=True)
             with contextlib.suppress(OSError):
+                for name in (PLAN_FILE, REPORT_FILE):  # a plan chosen before the input failed
+                    (out / name).unlink(missing_ok=True)
                 out.rmdir()
         raise
     finally:
@@ -379,8 +384,8 @@ def _run_locked(opts: dict, out: Path, signals: StopSignals) -> RunEnd:
 
     if opts["trace"]:
         check_trace(Path(opts["trace"]))
+    source = _default_plan_choice(opts)  # before the configuration: the run's first lines
     print(format_config(opts), flush=True)
-    source = None
     if opts["plan"] == AUTO:  # the rank processes below read the chosen plan's file
         source = precheck_data(opts)  # bad data fails now, not after the selection's probes
         opts["plan"] = str(select_plan(opts))
@@ -402,6 +407,20 @@ def _run_locked(opts: dict, out: Path, signals: StopSignals) -> RunEnd:
     code = launch(opts["nproc"], ["-m", "slidedp.cli", "train", *overrides],
                   env={"OMP_NUM_THREADS": "1"} | dict(os.environ), prog="slidedp train")
     return RunEnd(code)  # the launcher has printed the job's last line
+
+
+def _default_plan_choice(opts: dict):
+    """Where no plan file is given (commands/default_choice.py): the documented default plan
+    on a CPU, the default chooser's OUT/plan.toml (into opts["plan"]) on a GPU; the first lines
+    say which and why. The model source where it was opened (the data's checks come first)."""
+    line = default_choice.plan_line(opts)
+    if line is not None:
+        print(line, flush=True)
+    if not default_choice.chooses(opts):
+        return None
+    source = precheck_data(opts)  # bad data fails now, not after a cold start's profile
+    opts["plan"] = default_choice.select(opts)
+    return source
 
 
 def run_rank(args: argparse.Namespace) -> int:

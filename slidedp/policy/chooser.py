@@ -14,6 +14,9 @@ simulated on the same hardware. Where the search's plan simulates slower than it
 plan is kept, and the summary says so. Nothing here is per model: the choice is the simulator's
 on the hardware's rates and memory (a different preset gives a different plan where its rates or
 its memory differ).
+The executor is asked whether it runs a policy (runs_policy, a real engine build each) only for
+the policies a choice names; a refused one leaves the search, which runs again without it, rather
+than asking about all 130 policies of spec/segments.py up front.
 """
 
 from __future__ import annotations
@@ -67,12 +70,13 @@ class Choice:
                 else f"plan: chosen by the simulator on {where}")
         lines = [f"{head}: {describe_plan(self.plan)}"]
         if self.default_s is None:
-            lines.append(f"  simulated {self.chosen_s:.3f} s/step; the default plan "
+            lines.append(f"  simulated {self.chosen_s:.4g} s/step; the default plan "
                          f"({describe_plan(self.default_plan)}) does not fit")
         else:
             gain = 1 - self.chosen_s / self.default_s
-            lines.append(f"  simulated {self.chosen_s:.3f} s/step against {self.default_s:.3f} s "
-                         f"for the default plan ({gain:+.1%})"
+            lines.append(f"  simulated {self.chosen_s:.4g} s/step against {self.default_s:.4g} s "
+                         f"for the default plan ({abs(gain):.1%} "
+                         f"{'shorter' if gain >= 0 else 'longer'})"
                          + ("" if self.kept_default else
                             f"; default: {describe_plan(self.default_plan)}"))
         lines.append(f"  {self.exposure}")
@@ -101,11 +105,25 @@ def choose(hw: HardwareSpec, wl: Workload, base: Plan, fixed: frozenset[str], ca
            *, runs_policy: Callable[[str], bool] | None = None,
            sim_workers: int | None = None) -> Choice:
     """The default chooser's plan for (hw, wl) under `cap_bytes` of GPU memory per GPU (module
-    docstring); runs_policy: the activation policies the executor runs (default: all)."""
+    docstring); runs_policy: whether the executor runs an activation policy (default: all)."""
     start = time.perf_counter()
     default = replace(base, layer_policies=())
-    plan, rep = auto_plan(hw, wl, cap_bytes, base=default, runs_policy=runs_policy,
-                          sim_workers=sim_workers, fixed=fixed)
+    answers: dict[str, bool] = {}  # the executor's answer per policy, asked once each
+
+    def refused() -> frozenset[str]:
+        return frozenset(n for n, ok in answers.items() if not ok)
+
+    while True:  # asking the executor only about the policies a choice names (module docstring)
+        no = refused()
+        plan, rep = auto_plan(hw, wl, cap_bytes, base=default, sim_workers=sim_workers,
+                              runs_policy=(lambda n, r=no: n not in r) if no else None,
+                              fixed=fixed)
+        if runs_policy is None:
+            break
+        for n in set(plan.layer_policies) - answers.keys():
+            answers[n] = runs_policy(n)
+        if refused() == no:
+            break
     chosen = rep.chosen.activations
     chosen_s, exposure = chosen.final_s, chosen.exposure
     default_s = rep.default_route_s
