@@ -81,7 +81,7 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g.add_argument("--kernels", choices=[e.value for e in Kernels],
                    help="the layers' and the LM head's kernels: eager (transformers' own), liger "
                    "(liger-kernel's fused ones, CUDA only) or auto (the default: liger on CUDA "
-                   "where liger-kernel imports, else eager; exec/kernels.py)")
+                   "where liger-kernel imports, else eager; exec/fused_kernels.py)")
 
 
 def add_clip_option(p: argparse.ArgumentParser) -> None:

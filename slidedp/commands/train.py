@@ -298,8 +298,8 @@ def build(opts: dict, source=None):
     import torch
 
     from slidedp.exec.adamw import AdamWConfig
+    from slidedp.exec.fused_kernels import resolve as resolve_kernels
     from slidedp.exec.io import open_model_source
-    from slidedp.exec.kernels import resolve as resolve_kernels
     from slidedp.exec.trainer import BASE_HARDWARE, TrainConfig, local_hardware
 
     ranks, mb, gb = opts["nproc"], opts["micro_batch"], opts["global_batch"]
@@ -319,7 +319,8 @@ def build(opts: dict, source=None):
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
     hw = r.hardware if opts["hardware"] else local_hardware(opts["device"], ranks)
     opt = AdamWConfig(lr=opts["lr"], betas=tuple(opts["betas"]), eps=opts["eps"],
-                      weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"])
+                      weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"],
+                      skip_nonfinite=opts["skip_nonfinite"] > 0)
     sched = LrSchedule(opts["lr_schedule"], opts["lr"], opts["warmup_steps"], opts["steps"])
     cfg = TrainConfig(
         out=Path(opts["out"]), data=opts["data"], seq=opts["seq"],
