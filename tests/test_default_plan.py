@@ -280,10 +280,38 @@ def test_an_out_with_an_earlier_plan_is_refused_without_resume(tmp_path, monkeyp
     assert cli.main(argv) == 2
 
 
+def test_resume_runs_the_chosen_plan_without_choosing_again(tmp_path, capsys, monkeypatch):
+    """config.toml names OUT/plan.toml; --resume reads it back and nothing is chosen."""
+    monkeypatch.setattr(default_choice, "executor_runs", lambda device: lambda name: True)
+    out = tmp_path / "a"
+    argv = ["train", *TRAIN, "--plan", "auto-sim", "--hardware", "h200x1", "--out", str(out)]
+    assert cli.main(argv) == 0
+    plan = out / "plan.toml"
+    assert f"plan = {json.dumps(str(plan))}" in (out / "config.toml").read_text()
+    chosen = plan.read_text()
+    monkeypatch.setattr(chooser_mod, "auto_plan", _forbid(monkeypatch, "the search"))
+    monkeypatch.setattr(default_choice, "select", _forbid(monkeypatch, "the chooser"))
+    capsys.readouterr()
+    assert cli.main(["train", "--out", str(out), "--resume", "--steps", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"plan: {plan}, chosen when the run started"
+    assert plan.read_text() == chosen and "resuming after step 1" in "\n".join(lines)
+
+
+def test_the_cpu_default_is_saved_so_resume_keeps_it(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "a"
+    assert cli.main(["train", "--out", str(out), *TRAIN]) == 0
+    assert 'plan = "default"' in (out / "config.toml").read_text()
+    monkeypatch.setattr(default_choice, "select", _forbid(monkeypatch, "the chooser"))
+    capsys.readouterr()
+    assert cli.main(["train", "--out", str(out), "--resume", "--steps", "2"]) == 0
+    assert capsys.readouterr().out.startswith("plan: the documented default plan (plan = default)")
+
+
 def test_plan_default_is_the_documented_default_plan(tmp_path, capsys):
     assert cli.main(["train", "--out", str(tmp_path / "a"), *TRAIN, "--plan", "default"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("plan: the documented default plan (--plan default)")
+    assert out.startswith("plan: the documented default plan (plan = default)")
     assert "window 3 slots" in out  # Plan's default window
 
 

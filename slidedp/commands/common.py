@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 DEFAULTS = {"hardware": "h200x2", "model": "qwen3-8b", "seq": 4096, "micro_batch": 4}
 AUTO_SIM = "auto-sim"  # --plan: the default chooser's plan, simulated only (policy/chooser.py)
+DEFAULT = "default"  # --plan: the documented default plan (spec/plan.py default_plan)
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -48,13 +49,13 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
 def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g = p.add_argument_group("plan (override the --plan file)")
     g.add_argument("--plan", help="plan TOML file ([plan] table)" + (
-        "; `auto`: AutoPolicy chooses it with real probes (slidedp/commands/autoplan.py); "
-        "`auto-sim`: the default chooser's plan, simulated on this machine's profile; `default`: "
-        "the documented default plan. Default: auto-sim on a GPU, default on a CPU "
-        "(slidedp/commands/default_choice.py)" if auto else
-        f", or `{AUTO_SIM}`: the default chooser's plan on --hardware (the options given stay, "
-        "the simulator fills in the rest; slidedp/policy/chooser.py). Default: the documented "
-        "default plan"))
+        f"; `auto`: AutoPolicy chooses it with real probes (slidedp/commands/autoplan.py); "
+        f"`{AUTO_SIM}`: the default chooser's plan, simulated on this machine's profile (or on "
+        f"--hardware); `{DEFAULT}`: the documented default plan. Without --plan: {AUTO_SIM} on "
+        f"a GPU, {DEFAULT} on a CPU (slidedp/commands/default_choice.py)" if auto else
+        f"; `{AUTO_SIM}`: the default chooser's plan on --hardware (the plan options given "
+        "stay, the simulator chooses the rest; slidedp/policy/chooser.py); "
+        f"`{DEFAULT}` or no --plan: the documented default plan (docs/autopolicy.md)"))
     g.add_argument("--param-route", choices=[e.value for e in ParamRoute])
     g.add_argument("--grad-route", choices=[e.value for e in GradRoute])
     g.add_argument("--update-sharding", choices=[e.value for e in UpdateSharding])
@@ -147,17 +148,6 @@ def resolve_workload(args: argparse.Namespace, hw: HardwareSpec) -> Workload:
     return Workload(model, args.seq, gb, mb, gpus, where="command line")
 
 
-# the plan options (add_plan_options, less --plan) as with_plan_options reads them
-PLAN_OPTIONS = ("param_route", "grad_route", "update_sharding", "chunk_mib", "window_slots",
-                "offload_ratio", "update_workers", "host_bf16_copy", "kernels", "defer_update",
-                "grad_widen", "embedding_rows", "no_step_join")
-
-
-def plan_args(opts: dict) -> argparse.Namespace:
-    """The plan options of a dict of options (train's resolved ones) as a namespace."""
-    return argparse.Namespace(**{k: opts.get(k) for k in PLAN_OPTIONS})
-
-
 def with_plan_options(plan: Plan, args: argparse.Namespace) -> Plan:
     """`plan` with the plan options given (SpecErrors name the option)."""
     over = {"param_route": args.param_route and ParamRoute(args.param_route),
@@ -191,10 +181,11 @@ def resolve(args: argparse.Namespace) -> Resolved:
     hw = load_hardware(args.hardware)
     wl = resolve_workload(args, hw)
     chooser = args.plan == AUTO_SIM
-    plan = load_plan(args.plan) if args.plan and not chooser else default_plan(hw.fabric.kind)
+    given = args.plan not in (None, DEFAULT, AUTO_SIM)  # a plan file
+    plan = load_plan(args.plan) if given else default_plan(hw.fabric.kind)
     plan = with_plan_options(plan, args)
     plan = plan_for_clipping(plan, grad_clip(getattr(args, "grad_clip", None)))  # train: its own
-    where = "command line" if args.chunk_mib is not None or chooser else str(args.plan or "plan")
+    where = str(args.plan) if given and args.chunk_mib is None else "command line"
     check_chunk_mib(plan, where)
     if not chooser:
         return Resolved(hw, wl, plan)

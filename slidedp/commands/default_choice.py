@@ -23,6 +23,7 @@ bottleneck, the options kept as given, and where the seconds went.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import sys
@@ -33,14 +34,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slidedp.commands.autoplan import PLAN_FILE, REPORT_FILE, selection_hardware
+from slidedp.commands.autoplan import AUTO, PLAN_FILE, REPORT_FILE, earlier_plan, selection_hardware
 from slidedp.commands.choose import cap_bytes, plan_toml
-from slidedp.commands.common import (
-    AUTO_SIM,
-    fixed_fields,
-    plan_args,
-    with_plan_options,
-)
+from slidedp.commands.common import AUTO_SIM, DEFAULT, fixed_fields, with_plan_options
 from slidedp.profile import cache
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware, parse_hardware
@@ -51,9 +47,27 @@ from slidedp.spec.workload import Workload
 if TYPE_CHECKING:
     from slidedp.profile.machine import Machine
 
-DEFAULT = "default"  # --plan default: the documented default plan on any device
 # the sources a choice depends on beyond its inputs: a chooser of other code chooses anew
 CHOICE_SOURCES = ("spec", "graph", "model", "sim", "policy", "presets/hardware")
+SLOWEST_STEPS = 4  # the profile's steps a cold start names, longest first
+
+
+def settle(opts: dict, precheck: Callable[[dict], object]):
+    """Where no plan file is given, the run's plan into opts["plan"], so that config.toml names
+    it and --resume runs it again: DEFAULT, or the default chooser's OUT/plan.toml (DEFAULT where
+    the chooser's profile failed). The first lines of the output say which and why. Returns
+    precheck(opts) (the model source, after the data's checks that read no data) where the
+    chooser ran: bad data fails before a cold start's profile; None otherwise."""
+    line = plan_line(opts)
+    if line is not None:
+        print(line, flush=True)
+    if opts["plan"] is None and not chooses(opts):
+        opts["plan"] = DEFAULT
+    if not chooses(opts):
+        return None
+    source = precheck(opts)
+    opts["plan"] = select(opts) or DEFAULT
+    return source
 
 
 def chooses(opts: dict) -> bool:
@@ -62,26 +76,29 @@ def chooses(opts: dict) -> bool:
 
 
 def plan_line(opts: dict) -> str | None:
-    """The first line where the run takes the documented default plan; None otherwise."""
-    if opts["plan"] == DEFAULT:
-        return "plan: the documented default plan (--plan default)"
-    if opts["plan"] is None and opts["device"] != "cuda":
+    """The first line of the output where no plan is chosen now: the documented default plan or
+    a plan file (OUT/plan.toml of the run --resume continues); None where one is chosen (the
+    chooser's summary or AutoPolicy's report says which and why)."""
+    plan = opts["plan"]
+    if plan == DEFAULT:
+        return f"plan: the documented default plan (plan = {DEFAULT})"
+    if plan is None and opts["device"] != "cuda":
         return ("plan: the documented default plan (on a CPU nothing is profiled or searched; "
-                f"--plan {AUTO_SIM} simulates a choice, --plan auto probes one)")
-    return None
+                f"--plan {AUTO_SIM} simulates a choice, --plan {AUTO} probes one)")
+    if plan in (None, AUTO_SIM, AUTO):
+        return None
+    if Path(plan) == Path(opts["out"]) / PLAN_FILE:
+        return f"plan: {plan}, chosen when the run started"
+    return f"plan: the plan file {plan}"
 
 
 def select(opts: dict) -> str | None:
     """Choose the plan for the resolved train options (chooses(opts)): the path of OUT/plan.toml,
     or None where the profile failed (the default plan; one warning says why)."""
+    if (earlier := earlier_plan(opts)) is not None:
+        return str(earlier)
     out = Path(opts["out"])
     path = out / PLAN_FILE
-    if path.exists():
-        if opts["resume"]:
-            print(f"plan: {path}, chosen when the run started", flush=True)
-            return str(path)
-        raise SpecError(str(out), "--out", f"a directory without an earlier run (it holds "
-                        f"{PLAN_FILE}; pass --resume to continue it, or choose another --out)")
     t0 = time.perf_counter()
     model = load_model(opts["model"])
     wl = Workload(model, opts["seq"], opts["global_batch"], opts["micro_batch"], opts["nproc"],
@@ -93,7 +110,7 @@ def select(opts: dict) -> str | None:
     if got is None:
         return None
     hw, hw_key, how = got
-    args = plan_args(opts)
+    args = argparse.Namespace(**opts)  # the plan options, as with_plan_options reads them
     base = plan_for_clipping(with_plan_options(default_plan(hw.fabric.kind), args),
                              opts["grad_clip"], opts["skip_nonfinite"])
     fixed, cap = fixed_fields(args), cap_bytes(hw, opts["gpu_memory_cap_gib"])
@@ -190,4 +207,7 @@ def measure_profile(machine: Machine, model: ModelSpec, seq: int, micro_batch: i
            f"--micro-batch {micro_batch} --base {base_name} (by slidedp train)")
     prof = measure(machine, req, base, f"this machine ({machine.gpus()}, {machine.cores} cores)",
                    cmd, where)
+    slowest = sorted(prof.step_s, key=lambda kv: -kv[1])[:SLOWEST_STEPS]
+    print(f"plan: profiled in {prof.wall_s:.1f} s; the longest steps: "
+          + "; ".join(f"{name} {s:.1f} s" for name, s in slowest), flush=True)
     return prof.text, prof.spec, prof.wall_s

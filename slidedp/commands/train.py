@@ -7,12 +7,13 @@ configuration is printed at start as a TOML table that --config accepts back.
 The defaults train the tiny-qwen3 preset on the bundled tiny-markov data (seq 64) for 100 steps
 (a few seconds on a CPU); for a real model set at least --model, --data, --seq and --lr.
 
-The plan: without --plan, the default chooser's on a GPU (the simulator on this machine's cached
-profile, the options given kept fixed) and the documented default plan on a CPU; --plan default
-takes the documented default plan anywhere, --plan auto-sim the chooser's anywhere
-(commands/default_choice.py). --plan auto: AutoPolicy chooses the plan with real probes
-(commands/autoplan.py: hardware, cap, probes). The chooser and AutoPolicy write OUT/plan.toml
-and OUT/plan-report.txt.
+The plan: without --plan, on a GPU the default chooser's (the simulator on this machine's
+profile, measured once and cached under ~/.cache/slidedp; the plan options given stay fixed), on
+a CPU the documented default plan at once; `--plan default` takes the documented default plan
+anywhere and `--plan auto-sim` the chooser's anywhere (commands/default_choice.py, with
+docs/autopolicy.md). --plan auto: AutoPolicy chooses the plan with real probes
+(commands/autoplan.py: hardware, cap, probes). The chosen plan is written to OUT/plan.toml with
+OUT/plan-report.txt, and config.toml names it: --resume runs it again without choosing.
 
 --nproc R > 1 trains data-parallel in R rank processes on this host (GPUs: NCCL, one GPU each;
 CPU: gloo): this process checks the options, the fit and --out (bad input: one line, exit 2),
@@ -56,7 +57,7 @@ from typing import TYPE_CHECKING
 
 from slidedp.commands import default_choice, train_data
 from slidedp.commands.autoplan import AUTO, PLAN_FILE, REPORT_FILE, select_plan
-from slidedp.commands.common import add_plan_options, plan_args, resolve
+from slidedp.commands.common import add_plan_options, resolve
 from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
@@ -310,11 +311,12 @@ def build(opts: dict, source=None):
         raise SpecError("command line", "--nproc", f"at most the {torch.cuda.device_count()} "
                         f"CUDA devices of this host (one per rank), got {ranks}")
     source = source or open_model_source(opts["model"], seed=opts["seed"])
-    ns = argparse.Namespace(**{k: opts[k] for k in ("seq", "micro_batch", "global_batch")},
-                            **vars(plan_args(opts)),
-                            plan=None if opts["plan"] == default_choice.DEFAULT else opts["plan"],
-                            hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
-                            gpus=ranks)
+    ns = argparse.Namespace(**{k: opts[k] for k in (
+        "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
+        "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
+        "host_bf16_copy", "kernels", "defer_update", "grad_widen", "embedding_rows",
+        "no_step_join")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
+        gpus=ranks)
     r = resolve(ns)
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
     hw = r.hardware if opts["hardware"] else local_hardware(opts["device"], ranks)
@@ -385,7 +387,7 @@ def _run_locked(opts: dict, out: Path, signals: StopSignals) -> RunEnd:
 
     if opts["trace"]:
         check_trace(Path(opts["trace"]))
-    source = _default_plan_choice(opts)  # before the configuration: the run's first lines
+    source = default_choice.settle(opts, precheck_data)  # the first lines: which plan and why
     print(format_config(opts), flush=True)
     if opts["plan"] == AUTO:  # the rank processes below read the chosen plan's file
         source = precheck_data(opts)  # bad data fails now, not after the selection's probes
@@ -408,20 +410,6 @@ def _run_locked(opts: dict, out: Path, signals: StopSignals) -> RunEnd:
     code = launch(opts["nproc"], ["-m", "slidedp.cli", "train", *overrides],
                   env={"OMP_NUM_THREADS": "1"} | dict(os.environ), prog="slidedp train")
     return RunEnd(code)  # the launcher has printed the job's last line
-
-
-def _default_plan_choice(opts: dict):
-    """Where no plan file is given (commands/default_choice.py): the documented default plan
-    on a CPU, the default chooser's OUT/plan.toml (into opts["plan"]) on a GPU; the first lines
-    say which and why. The model source where it was opened (the data's checks come first)."""
-    line = default_choice.plan_line(opts)
-    if line is not None:
-        print(line, flush=True)
-    if not default_choice.chooses(opts):
-        return None
-    source = precheck_data(opts)  # bad data fails now, not after a cold start's profile
-    opts["plan"] = default_choice.select(opts)
-    return source
 
 
 def run_rank(args: argparse.Namespace) -> int:
