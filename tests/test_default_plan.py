@@ -127,6 +127,11 @@ def test_predict_and_simulate_take_the_choosers_plan(capsys, verb):
     assert cli.main([*args, "--json"]) == 0
     fixed = json.loads(capsys.readouterr().out)
     assert "plan_choice" not in fixed  # the fixed default plan stays their default
+    assert cli.main([*args, "--plan", "default", "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    wall = {"elapsed_s", "events_per_s", "sim_wall_s"}  # how long it took, not what it found
+    assert {k: v for k, v in same.items() if k not in wall} == \
+        {k: v for k, v in fixed.items() if k not in wall}
     assert cli.main([*args, "--plan", "auto-sim", "--window-slots", "5", "--json"]) == 0
     chosen = json.loads(capsys.readouterr().out)["plan_choice"]
     assert chosen["plan"]["window_slots"] == 5 and chosen["fixed"] == ["window_slots"]
