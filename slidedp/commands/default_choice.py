@@ -15,10 +15,12 @@ profile/measure.py base_preset). Where the profile fails (out of memory, a GPU f
 base preset's datasheet peak), the run takes the default plan and one warning says why.
 The choice is cached per (machine, hardware, model, workload, the options, the code that
 chooses: CHOICE_SOURCES). It is written as OUT/plan.toml (its report as the header comment)
-with OUT/plan-report.txt, and the run, every rank included, reads that file; --resume reuses
-it, and without --resume an --out holding one is refused (as --plan auto). Its summary is the
-first lines of the output: the plan, its simulated step against the default plan's, the
-bottleneck, the options kept as given, and where the seconds went.
+with OUT/plan-report.txt, and the run, every rank included, reads that file. settle() puts the
+run's plan into its options (OUT/plan.toml, or DEFAULT), so that config.toml names it and
+--resume runs it again without choosing; without --resume an --out holding a plan.toml is
+refused (as --plan auto). The first lines of the output say which plan and why: for a choice,
+the plan, its simulated step against the default plan's, the bottleneck, the options kept as
+given, and where the seconds went.
 """
 
 from __future__ import annotations
