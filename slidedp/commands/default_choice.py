@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import sys
 import time
@@ -199,6 +200,8 @@ def machine_profile(machine: Machine, model: ModelSpec, seq: int, micro_batch: i
 def measure_profile(machine: Machine, model: ModelSpec, seq: int, micro_batch: int, where: str
                     ) -> tuple[str, HardwareSpec, float]:
     """`slidedp profile --chooser` of this machine for one layer shape: (TOML, spec, seconds)."""
+    import torch
+
     from slidedp.profile.measure import base_preset, measure, request
     from slidedp.profile.sizes import CHOOSER
 
@@ -209,6 +212,9 @@ def measure_profile(machine: Machine, model: ModelSpec, seq: int, micro_batch: i
            f"--micro-batch {micro_batch} --base {base_name} (by slidedp train)")
     prof = measure(machine, req, base, f"this machine ({machine.gpus()}, {machine.cores} cores)",
                    cmd, where)
+    gc.collect()  # the run that follows gets the GPU memory the profile's last step cached
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     slowest = sorted(prof.step_s, key=lambda kv: -kv[1])[:SLOWEST_STEPS]
     print(f"plan: profiled in {prof.wall_s:.1f} s; the longest steps: "
           + "; ".join(f"{name} {s:.1f} s" for name, s in slowest), flush=True)
