@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware
@@ -27,7 +28,12 @@ from slidedp.spec.plan import (
 )
 from slidedp.spec.workload import Workload
 
+if TYPE_CHECKING:
+    from slidedp.policy.chooser import Choice
+
 DEFAULTS = {"hardware": "h200x2", "model": "qwen3-8b", "seq": 4096, "micro_batch": 4}
+AUTO_SIM = "auto-sim"  # --plan: the default chooser's plan, simulated only (policy/chooser.py)
+DEFAULT = "default"  # --plan: the documented default plan (spec/plan.py default_plan)
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -43,7 +49,13 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
 def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g = p.add_argument_group("plan (override the --plan file)")
     g.add_argument("--plan", help="plan TOML file ([plan] table)" + (
-        ", or `auto`: AutoPolicy chooses it (slidedp/commands/autoplan.py)" if auto else ""))
+        f"; `auto`: AutoPolicy chooses it with real probes (slidedp/commands/autoplan.py); "
+        f"`{AUTO_SIM}`: the default chooser's plan, simulated on this machine's profile (or on "
+        f"--hardware); `{DEFAULT}`: the documented default plan. Without --plan: {AUTO_SIM} on "
+        f"a GPU, {DEFAULT} on a CPU (slidedp/commands/default_choice.py)" if auto else
+        f"; `{AUTO_SIM}`: the default chooser's plan on --hardware (the plan options given "
+        "stay, the simulator chooses the rest; slidedp/policy/chooser.py); "
+        f"`{DEFAULT}` or no --plan: the documented default plan (docs/autopolicy.md)"))
     g.add_argument("--param-route", choices=[e.value for e in ParamRoute])
     g.add_argument("--grad-route", choices=[e.value for e in GradRoute])
     g.add_argument("--update-sharding", choices=[e.value for e in UpdateSharding])
@@ -98,6 +110,7 @@ class Resolved:
     hardware: HardwareSpec
     workload: Workload
     plan: Plan
+    choice: Choice | None = None  # --plan auto-sim: the default chooser's choice
 
 
 # The smallest chunk a command accepts (--chunk-mib, and a plan file's h2d_chunk_mib /
@@ -135,11 +148,8 @@ def resolve_workload(args: argparse.Namespace, hw: HardwareSpec) -> Workload:
     return Workload(model, args.seq, gb, mb, gpus, where="command line")
 
 
-def resolve(args: argparse.Namespace) -> Resolved:
-    """Specs from the options; every failure is a SpecError naming the option or file."""
-    hw = load_hardware(args.hardware)
-    wl = resolve_workload(args, hw)
-    plan = load_plan(args.plan) if args.plan else default_plan(hw.fabric.kind)
+def with_plan_options(plan: Plan, args: argparse.Namespace) -> Plan:
+    """`plan` with the plan options given (SpecErrors name the option)."""
     over = {"param_route": args.param_route and ParamRoute(args.param_route),
             "grad_route": args.grad_route and GradRoute(args.grad_route),
             "update_sharding": args.update_sharding and UpdateSharding(args.update_sharding),
@@ -152,12 +162,37 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen),
             "kernels": getattr(args, "kernels", None) and Kernels(args.kernels)}
     try:
-        plan = plan.with_overrides(**over)
+        return plan.with_overrides(**over)
     except SpecError as e:
         raise SpecError("command line", f"--{e.field.replace('_', '-')}", e.expected) from None
+
+
+def fixed_fields(args: argparse.Namespace) -> frozenset[str]:
+    """The fields of policy/routes.py FIXABLE that the options given set: a chooser keeps them."""
+    from slidedp.policy.routes import FIXABLE  # the simulator's imports only where a plan is chosen
+
+    return frozenset(f for f in FIXABLE if getattr(args, f, None) is not None)
+
+
+def resolve(args: argparse.Namespace) -> Resolved:
+    """Specs from the options; every failure is a SpecError naming the option or file. With
+    --plan auto-sim, the default chooser's plan (policy/chooser.py) on --hardware, with the
+    options given kept fixed."""
+    hw = load_hardware(args.hardware)
+    wl = resolve_workload(args, hw)
+    chooser = args.plan == AUTO_SIM
+    given = args.plan not in (None, DEFAULT, AUTO_SIM)  # a plan file
+    plan = load_plan(args.plan) if given else default_plan(hw.fabric.kind)
+    plan = with_plan_options(plan, args)
     plan = plan_for_clipping(plan, grad_clip(getattr(args, "grad_clip", None)))  # train: its own
-    check_chunk_mib(plan, "command line" if args.chunk_mib is not None else str(args.plan or "plan"))
-    return Resolved(hw, wl, plan)
+    where = str(args.plan) if given and args.chunk_mib is None else "command line"
+    check_chunk_mib(plan, where)
+    if not chooser:
+        return Resolved(hw, wl, plan)
+    from slidedp.policy.chooser import choose
+
+    choice = choose(hw, wl, plan, fixed_fields(args), hw.gpu.hbm_bytes)
+    return Resolved(hw, wl, choice.plan, choice)
 
 
 def describe_workload(hw: HardwareSpec, w: Workload) -> str:
@@ -175,3 +210,14 @@ def describe(r: Resolved) -> str:
             f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}"
             f"{' | embedding rows split' if p.splits_embedding else ''} | gradients widened "
             f"on the {p.grad_widen} | kernels {p.kernels}")
+
+
+def print_choice(r: Resolved) -> None:
+    """The default chooser's summary, where --plan auto-sim chose the plan."""
+    if r.choice is not None:
+        print("\n".join(r.choice.summary(r.hardware.name)))
+
+
+def with_choice(d: dict, r: Resolved) -> dict:
+    """A command's JSON with the default chooser's choice under "plan_choice" (--plan auto-sim)."""
+    return d if r.choice is None else d | {"plan_choice": r.choice.to_json()}

@@ -10,7 +10,9 @@ from slidedp.commands.common import (
     add_plan_options,
     add_workload_options,
     describe,
+    print_choice,
     resolve,
+    with_choice,
 )
 from slidedp.model.predict import Prediction, predict
 from slidedp.spec.units import GIB
@@ -55,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     r = resolve(args)
     pred = predict(r.hardware, r.workload, r.plan)
     if args.json:
-        print(json.dumps(pred.to_json(), indent=1, sort_keys=True))
+        print(json.dumps(with_choice(pred.to_json(), r), indent=1, sort_keys=True))
     else:
         print(describe(r))
+        print_choice(r)
         print(format_table(pred))
     return 0

@@ -10,7 +10,9 @@ from slidedp.commands.common import (
     add_plan_options,
     add_workload_options,
     describe,
+    print_choice,
     resolve,
+    with_choice,
 )
 from slidedp.sim.engine import SimConfig
 from slidedp.sim.report import format_table, to_json
@@ -50,9 +52,10 @@ def run(args: argparse.Namespace) -> int:
     res = simulate(r.hardware, r.workload, r.plan, cfg)
     d = to_json(res, r.workload, r.plan)
     if args.json:
-        print(json.dumps(d, indent=1, sort_keys=True))
+        print(json.dumps(with_choice(d, r), indent=1, sort_keys=True))
     else:
         print(describe(r))
+        print_choice(r)
         print(format_table(d))
     if args.verbose:
         print(f"simulated {res.graph.n_tasks} tasks, {res.run.events} events in {res.run.wall_s:.3f} s: "

@@ -7,8 +7,13 @@ configuration is printed at start as a TOML table that --config accepts back.
 The defaults train the tiny-qwen3 preset on the bundled tiny-markov data (seq 64) for 100 steps
 (a few seconds on a CPU); for a real model set at least --model, --data, --seq and --lr.
 
---plan auto: AutoPolicy chooses the plan first (commands/autoplan.py: hardware, cap, probes)
-and writes OUT/plan.toml and OUT/plan-report.txt.
+The plan: without --plan, on a GPU the default chooser's (the simulator on this machine's
+profile, measured once and cached under ~/.cache/slidedp; the plan options given stay fixed), on
+a CPU the documented default plan at once; `--plan default` takes the documented default plan
+anywhere and `--plan auto-sim` the chooser's anywhere (commands/default_choice.py, with
+docs/autopolicy.md). --plan auto: AutoPolicy chooses the plan with real probes
+(commands/autoplan.py: hardware, cap, probes). The chosen plan is written to OUT/plan.toml with
+OUT/plan-report.txt, and config.toml names it: --resume runs it again without choosing.
 
 --nproc R > 1 trains data-parallel in R rank processes on this host (GPUs: NCCL, one GPU each;
 CPU: gloo): this process checks the options, the fit and --out (bad input: one line, exit 2),
@@ -50,8 +55,8 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slidedp.commands import train_data
-from slidedp.commands.autoplan import AUTO, select_plan
+from slidedp.commands import default_choice, train_data
+from slidedp.commands.autoplan import AUTO, PLAN_FILE, REPORT_FILE, select_plan
 from slidedp.commands.common import add_plan_options, resolve
 from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
@@ -367,6 +372,8 @@ def run_here(args: argparse.Namespace, signals: StopSignals) -> RunEnd:
         if created:  # bad input leaves no run directory behind
             lock.release(unlink=True)
             with contextlib.suppress(OSError):
+                for name in (PLAN_FILE, REPORT_FILE):  # a plan chosen before the input failed
+                    (out / name).unlink(missing_ok=True)
                 out.rmdir()
         raise
     finally:
@@ -380,8 +387,8 @@ def _run_locked(opts: dict, out: Path, signals: StopSignals) -> RunEnd:
 
     if opts["trace"]:
         check_trace(Path(opts["trace"]))
+    source = default_choice.settle(opts, precheck_data)  # the first lines: which plan and why
     print(format_config(opts), flush=True)
-    source = None
     if opts["plan"] == AUTO:  # the rank processes below read the chosen plan's file
         source = precheck_data(opts)  # bad data fails now, not after the selection's probes
         opts["plan"] = str(select_plan(opts))
