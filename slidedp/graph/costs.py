@@ -39,12 +39,10 @@ class ResourceUse:
     ptr: np.ndarray
     res: np.ndarray
     amount: np.ndarray
-    # the copies' slowdown of the CPU kernels (HostSpec.dma_slowdown_bps; 0: none) and the
-    # resources it reads and scales (the simulator's FluidShare): `copy_traffic`, where the
-    # copies' host-memory bytes are drawn (-1: none), and `kernel_dram`, the CPU kernels' cap
-    dma_slowdown_bps: float = 0.0
-    copy_traffic: int = -1
-    kernel_dram: int = -1
+    # the copies' slowdown of the CPU kernels, per memory of the machine (Machine.slowdowns):
+    # (S bytes/s, the resource where the copies' bytes of that memory are drawn, the CPU
+    # kernels' cap on it), which the simulator's FluidShare reads and scales; () where none
+    slowdowns: tuple[tuple[float, int, int], ...] = ()
 
     def index(self, name: str) -> int:
         return self.names.index(name)
@@ -95,5 +93,6 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
         ptr.append(len(res))
     return ResourceUse(machine.names, np.array([machine.capacity[n] for n in machine.names]),
                        np.asarray(ptr, np.int64), np.asarray(res, np.int64),
-                       np.asarray(amt, np.float64), machine.dma_slowdown_bps,
-                       idx.get(machine.copy_traffic, -1), idx[machine.kernel_dram])
+                       np.asarray(amt, np.float64),
+                       tuple((s_bps, idx[copy], idx[kernel])
+                             for s_bps, copy, kernel in machine.slowdowns))
