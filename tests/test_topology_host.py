@@ -7,6 +7,7 @@ conserved per link, and the flat spec equals the one-switch topology."""
 from __future__ import annotations
 
 import copy
+import json
 import tomllib
 from dataclasses import replace
 
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import SRC, small_plans, small_workloads, topologies
 
+from slidedp.cli import main
 from slidedp.graph import build_graph
 from slidedp.graph.costs import machine_of, resource_use, task_durations
 from slidedp.graph.flat_host import FlatHost
@@ -350,3 +352,26 @@ def test_more_capacity_check_scales_what_it_names():
     assert more.explicit_topology.switches[1].h2d_bps == 25 * GB
     more = _more_capacity(hw, Data(["link"]))
     assert more.explicit_topology.socket_link_bps == 60 * GB
+
+
+# ---- the routes on a PCIe-only machine, through the CLI -----------------------------------------
+
+
+def test_replicated_beats_sharded_on_four_a800_without_bridges(capsys):
+    """method.md section 9: on 4x A800 without NVLink bridges the replicated route is faster.
+    The uploads tie on the root complex: replicated sends 4 P per layer down through it, sharded
+    P plus the all-gather's two hops between the switches, each 3/4 P staged through host memory
+    (NCCL's P2P stops at a PCIe switch on Intel hosts), a D2H and an H2D: 4 P again, so the
+    bound ties. What the sharded route adds is each layer's all-gather between its upload and
+    its compute, one collective at a time beside the reductions, each at the root complex's
+    rate: the critical path (predict) and, with the uploads contending there, the simulator
+    put it behind."""
+    args = ["--hardware", "a800x4-nobridge", "--model", "qwen3-14b", "--seq", "1024",
+            "--global-batch", "64", "--gpus", "4", "--micro-batch", "16", "--grad-route", "gpu",
+            "--chunk-mib", "64", "--json"]
+    for verb in ("predict", "simulate"):
+        step = {}
+        for route in ("replicated", "sharded"):
+            assert main([verb, *args, "--param-route", route]) == 0
+            step[route] = json.loads(capsys.readouterr().out)["step_time_s"]
+        assert step["sharded"] >= 1.02 * step["replicated"], (verb, step)
