@@ -12,6 +12,7 @@ from slidedp.commands.common import (
     describe,
     resolve,
 )
+from slidedp.model.idle import EXPOSURE_HELP
 from slidedp.model.predict import Prediction, predict
 from slidedp.spec.units import GIB
 
@@ -19,7 +20,8 @@ from slidedp.spec.units import GIB
 def register(sub) -> None:
     p = sub.add_parser("predict", help="analytic step-time prediction",
                        description="Predict the steady-state step time of a workload and plan "
-                       "with the analytic model (resource bounds + critical path).")
+                       "with the analytic model (resource bounds + critical path).",
+                       epilog=EXPOSURE_HELP)
     add_workload_options(p)
     add_plan_options(p)
     add_clip_option(p)
