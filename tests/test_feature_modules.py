@@ -49,6 +49,8 @@ FEATURES: dict[str, dict] = {
     "topology": {
         "names": ("topology", "socket", "sockets", "numa", "pcie_switch", "root_port"),
         "modules": ("slidedp/graph/topology.py",),
+        # its machine's registration in costs.MACHINES: an import and an entry
+        "declared": {"slidedp/graph/costs.py": ("topology", "TopologyHost")},
     },
     "moe": {
         "names": ("moe", "expert", "experts"),

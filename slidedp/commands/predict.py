@@ -14,6 +14,7 @@ from slidedp.commands.common import (
     resolve,
     with_choice,
 )
+from slidedp.model.idle import EXPOSURE_HELP
 from slidedp.model.predict import Prediction, predict
 from slidedp.spec.units import GIB
 
@@ -21,7 +22,8 @@ from slidedp.spec.units import GIB
 def register(sub) -> None:
     p = sub.add_parser("predict", help="analytic step-time prediction",
                        description="Predict the steady-state step time of a workload and plan "
-                       "with the analytic model (resource bounds + critical path).")
+                       "with the analytic model (resource bounds + critical path).",
+                       epilog=EXPOSURE_HELP)
     add_workload_options(p)
     add_plan_options(p)
     add_clip_option(p)

@@ -14,6 +14,7 @@ from slidedp.commands.common import (
     resolve,
     with_choice,
 )
+from slidedp.model.idle import EXPOSURE_HELP
 from slidedp.sim.engine import SimConfig
 from slidedp.sim.report import format_table, to_json
 from slidedp.sim.simulator import check_routes, simulate
@@ -26,7 +27,8 @@ ROUTE_OPTIONS = ("param_route", "update_sharding")
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="discrete-event simulation of the task graph",
                        description="Simulate the task graph with contention, bounded buffers and "
-                       "version gates; report the steady-state step and where the GPUs wait.")
+                       "version gates; report the steady-state step and where the GPUs wait.",
+                       epilog=EXPOSURE_HELP)
     add_workload_options(p)
     add_plan_options(p)
     add_clip_option(p)

@@ -52,10 +52,10 @@ has:
     draws(t)    the task's draws: a copy's along its path (link, switch, root port, socket
                 memory), a CPU kernel's on the cores and memory it runs on, a collective's on the
                 fabric; t carries the task id, so a machine may read anything else of the graph
-    dma_slowdown_bps, copy_traffic, kernel_dram
-                the copies' slowdown of the CPU kernels (ResourceUse.dma_slowdown_bps; 0: none),
-                the resource the copies' host-memory bytes are drawn on (None: none) and the CPU
-                kernels' cap that the slowdown scales
+    slowdowns   the copies' slowdown of the CPU kernels, one (S, copy_traffic, kernel_dram)
+                per memory where measured (HostSpec.dma_slowdown_bps): S in bytes/s, the
+                resource the copies' bytes of that memory are drawn on and the CPU kernels' cap
+                on it that the slowdown scales; [] where none
 Names every machine keeps, as the simulator and the reports read them: gpu{r}.compute is GPU r's
 compute stream (capacity 1, drawn in seconds), and a core pool is a resource named `*.cores`
 (drawn in core-seconds; the simulator shares it by threads). flat_host.FlatHost is the flat
@@ -106,9 +106,7 @@ class Machine(Protocol):
 
     names: list[str]
     capacity: dict[str, float]
-    dma_slowdown_bps: float
-    copy_traffic: str | None
-    kernel_dram: str
+    slowdowns: list[tuple[float, str, str]]
 
     def draws(self, t: TaskLoad) -> list[tuple[str, float]]: ...
 
