@@ -26,6 +26,7 @@ from slidedp.spec.gpu_ops import (
     layer_ops,
     layer_seconds,
     policy_recompute_seconds,
+    reference_achieved_rows,
     wave_efficiency,
 )
 from slidedp.spec.hardware import load_hardware, parse_hardware, preset_dir
@@ -184,3 +185,33 @@ def test_microbenchmark_script_runs_on_the_cpu(tmp_path):
     assert d["gemm_measured"] and all(len(r) == 4 for r in d["gemm_measured"])
     assert set(d["elementwise_fraction"]) == {"rmsnorm", "rope", "swiglu", "residual"}
     assert d["copy_gbps"] > 0 and "default" in next(iter(d["attention_tflops"].values()))
+
+
+def _achieved_script():
+    import importlib.util
+
+    path = ROOT / "benchmarks" / "achieved_from_gpu_ops.py"
+    spec = importlib.util.spec_from_file_location("achieved_from_gpu_ops", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+UNPROFILED = ["a800x4", "a800x4-nobridge", "a800x8", "a800x8-nobridge", "h100x4", "h100x8",
+              "rtx4090x4"]
+
+
+def test_unprofiled_presets_take_their_achieved_rows_from_gpu_ops():
+    """Every preset with [gpu.ops] and no measured layer carries exactly the rows gpu_ops gives
+    (benchmarks/achieved_from_gpu_ops.py rewrites nothing), with a source saying so; the
+    profiled H200 presets keep their measured rows."""
+    script = _achieved_script()
+    assert script.unprofiled_presets() == UNPROFILED
+    for name in UNPROFILED:
+        text = (preset_dir() / f"{name}.toml").read_text()
+        assert script.rewritten(text, name) == text, f"{name}: run the script"
+        gpu = load_hardware(name).gpu
+        assert gpu.sources["achieved"].startswith("derived: spec/gpu_ops.py")
+        flat = [v for row in reference_achieved_rows(gpu) for v in row]
+        assert [v for h, t, r in gpu.achieved for v in (h, t, r / 1e12)] == pytest.approx(flat)
+    assert load_hardware("h200x2").gpu.sources["achieved"].startswith("h200x2-probe.md")

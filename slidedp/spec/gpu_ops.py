@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from slidedp.spec.errors import SpecError
-from slidedp.spec.model import BF16, ModelSpec
+from slidedp.spec.model import BF16, ModelSpec, load_model
 from slidedp.spec.segments import SEGMENTS, parse_policy, recomputed_segments
 from slidedp.spec.tomlio import Table, sources_of
 from slidedp.spec.units import GB
@@ -87,6 +87,11 @@ FUSED_KINDS = ("rmsnorm", "rope", "swiglu")  # the kinds liger's kernels replace
 ADD_BYTES = 3 * BF16  # an add of two BF16 tensors: two reads, one write, per element
 ATTENTION_BWD_PASS_BYTES = 2 * BF16 + 4 + BF16  # dO . O rows; dQ from FP32 (module docstring)
 SEGMENT = {name: i for i, name in enumerate(SEGMENTS)}
+# the layer shapes a GPU nobody profiled gets its `achieved` rows for (reference_achieved_rows):
+# one model preset per hidden width, at one sequence length and three micro-batches
+REFERENCE_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen2.5-72b")
+REFERENCE_SEQ = 4096
+REFERENCE_MICRO_BATCHES = (1, 4, 16)
 
 
 @dataclass(frozen=True)
@@ -332,3 +337,14 @@ def achieved_rows(m: ModelSpec, seq: int, micro_batches: tuple[int, ...], gpu,
         rows.append([m.hidden, seq * b, round(per_token * seq * b / (t["fwd"] + t["bwd"]) / 1e12,
                                               1)])
     return rows
+
+
+def reference_achieved_rows(gpu, kernels: str = "eager") -> list[list[float]]:
+    """The `achieved` table of a GPU nobody profiled: achieved_rows of each REFERENCE_MODELS
+    layer at REFERENCE_SEQ and REFERENCE_MICRO_BATCHES, by hidden width (what a hardware file
+    without measured layers carries; benchmarks/achieved_from_gpu_ops.py writes it)."""
+    rows: list[list[float]] = []
+    for name in REFERENCE_MODELS:
+        rows += achieved_rows(load_model(name), REFERENCE_SEQ, REFERENCE_MICRO_BATCHES, gpu,
+                              kernels)
+    return sorted(rows)
