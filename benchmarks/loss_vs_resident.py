@@ -82,12 +82,11 @@ def streamed_losses(model, spec, data: list[torch.Tensor], wl: Workload, plan: P
     """Losses of slidedp's executor, starting from the same weights."""
     state = HostState.create([u.numel for u in model_layout(model)], None)
     state.init_from_model(model)
-    eng = Engine(dict(spec.config), wl, plan, device=device, dtype=dtype, optimizer=opt,
-                 host_state=state)
     try:
-        return [eng.step(ids).loss for ids in data]
+        with Engine(dict(spec.config), wl, plan, device=device, dtype=dtype, optimizer=opt,
+                    host_state=state) as eng:
+            return [eng.step(ids).loss for ids in data]
     finally:
-        eng.close()
         state.close()
 
 

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from compute_reference import reference_step_s  # noqa: E402
 from single_gpu import GIB, step_flops  # noqa: E402
 
-from slidedp.exec.kernels import resolve as resolve_kernels  # noqa: E402
+from slidedp.exec.fused_kernels import resolve as resolve_kernels  # noqa: E402
 from slidedp.exec.measure import measure, random_host_state  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import plan_dict  # noqa: E402

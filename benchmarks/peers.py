@@ -22,7 +22,7 @@ a row whose process runs out of GPU memory reports `does not fit` with the alloc
              master, m, v and gradient). Its CPU Adam compiles at first use: a process of its own
              builds it before the first zero2 row (`zero2-build`, timed, outside every row).
 Liger for the HF peers: compute_reference.use_kernels (RoPE, RMSNorm, SwiGLU, fused linear +
-cross-entropy), the kernels slidedp's liger plan runs (exec/kernels.py).
+cross-entropy), the kernels slidedp's liger plan runs (exec/fused_kernels.py).
 
 Figures. Steps are timed between torch.cuda.synchronize() calls (ours: the executor's own
 step_time_s); step s = mean of steps discard+1..N (default 12 steps, mean of 6-12). tokens/s =

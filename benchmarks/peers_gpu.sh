@@ -8,7 +8,7 @@
 # 1. installs the wheels into /tmp/site (PYTHONPATH=/tmp/site:$PWD);
 # 2. checks liger-kernel against eager transformers on this GPU: a decoder layer of each family
 #    through the executor (policies layer and sac) and HEAD_LOSS, against an FP32 reference
-#    (tests/test_kernels_gpu.py); its output goes to $OUT/kernels-check.txt (CHECK=0 skips it,
+#    (tests/test_fused_kernels_gpu.py); its output goes to $OUT/kernels-check.txt (CHECK=0 skips it,
 #    e.g. on a later call of the same lease);
 # 3. runs peers.py for MODEL at the comma-separated MICRO_BATCHES with what is left of TOTAL_S
 #    (seconds from the start of this script) as its budget; $OUT/peers.json, peers.md, peers.log.
@@ -26,7 +26,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 echo "wheels installed in $((SECONDS - start)) s"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [[ ${CHECK:-1} != 0 ]]; then
-  python3 -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/test_kernels_gpu.py \
+  python3 -m pytest -q -m gpu -o addopts="" -p no:cacheprovider tests/test_fused_kernels_gpu.py \
     2>&1 | tee "$out/kernels-check.txt"
   echo "kernel check done at $((SECONDS - start)) s"
 fi

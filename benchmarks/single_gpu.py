@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from compute_reference import reference_step_s  # noqa: E402
 
-from slidedp.exec.kernels import resolve as resolve_kernels  # noqa: E402
+from slidedp.exec.fused_kernels import resolve as resolve_kernels  # noqa: E402
 from slidedp.exec.measure import measure, random_host_state  # noqa: E402
 from slidedp.spec.model import load_model  # noqa: E402
 from slidedp.spec.plan import Plan  # noqa: E402

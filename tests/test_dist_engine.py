@@ -170,22 +170,22 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
             def probe(it, kind, unit, slot, seen=seen):
                 seen[(it, kind.name, unit)] = _digest(slot)
 
-            eng = Engine(cfg, wl, plan, optimizer=optimizer(plan), host_state=hs, session=sess,
-                         probe=probe, mode=mode, dtype=dtype)
             rec = {"loss": [], "norm": [], "records": [], "versions": []}
-            for ids, labels in batches(cfg, wl.global_batch):
-                if rank == 0:  # between steps nothing updates the master
-                    rec["versions"].append([_digest(hs.unit_master(u)) for u in range(len(numels))])
-                res = eng.step(ids, labels)
-                rec["loss"].append(res.loss)
-                rec["norm"].append(res.grad_norm)
-                rec["records"] += [(r.iteration, r.kind, r.unit, r.rank, r.chunk,
-                                    res.origin_s + r.start_s, res.origin_s + r.end_s)
-                                   for r in res.timeline.records]
+            with Engine(cfg, wl, plan, optimizer=optimizer(plan), host_state=hs, session=sess,
+                        probe=probe, mode=mode, dtype=dtype) as eng:
+                for ids, labels in batches(cfg, wl.global_batch):
+                    if rank == 0:  # between steps nothing updates the master
+                        rec["versions"].append([_digest(hs.unit_master(u))
+                                                for u in range(len(numels))])
+                    res = eng.step(ids, labels)
+                    rec["loss"].append(res.loss)
+                    rec["norm"].append(res.grad_norm)
+                    rec["records"] += [(r.iteration, r.kind, r.unit, r.rank, r.chunk,
+                                        res.origin_s + r.start_s, res.origin_s + r.end_s)
+                                       for r in res.timeline.records]
             rec["seen"] = seen
             if rank == 0:
                 rec["masters"] = [hs.unit_master(u).clone() for u in range(len(numels))]
-            eng.close()
             hs.close()
             sess.barrier()
             results[name] = rec
@@ -195,17 +195,17 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
         before = _pss_kib()
         hs = sess.host_state(wl.model.unit_params(), None,
                              init=lambda h: h.master.normal_(0.0, 0.02))
-        eng = Engine(PSS_CFG, wl, Plan(window_slots=2, grad_route="cpu", param_route="sharded"),
-                     optimizer=OPT, host_state=hs, session=sess)
-        for ids, labels in batches(PSS_CFG, wl.global_batch, steps=2):
-            eng.step(ids, labels)
-        sess.barrier()
-        after = _pss_kib()
-        rings = eng.rings.staging + [c for ring in eng.rings.grad.values() for c in ring]
-        results["pss"] = {"before": before, "after": after,
-                          "state_bytes": 12 * sum(wl.model.unit_params()),
-                          "rings_bytes": sum(4 * c.numel() for c in rings)}
-        eng.close()
+        with Engine(PSS_CFG, wl, Plan(window_slots=2, grad_route="cpu", param_route="sharded"),
+                    optimizer=OPT, host_state=hs, session=sess) as eng:
+            for ids, labels in batches(PSS_CFG, wl.global_batch, steps=2):
+                eng.step(ids, labels)
+            sess.barrier()
+            after = _pss_kib()
+            rings = eng.bufs.rings.staging + [c for ring in eng.bufs.rings.grad.values()
+                                              for c in ring]
+            results["pss"] = {"before": before, "after": after,
+                              "state_bytes": 12 * sum(wl.model.unit_params()),
+                              "rings_bytes": sum(4 * c.numel() for c in rings)}
         hs.close()
         torch.save(results, out_dir / f"rank{rank}.pt")
 
@@ -227,15 +227,11 @@ def _one_process(cfg, ranks, data, device="cpu"):
 
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=ranks * MICRO * ACCUM,
                   micro_batch=MICRO, gpus=1)
-    eng = Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT, device=device)
-    try:
+    with Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT, device=device) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         res = [eng.step(ids, labels) for ids, labels in data]
         hs = eng.host_state
         return [r.loss for r in res], [hs.unit_master(u).clone() for u in range(hs.n_units)]
-    finally:
-        eng.close()
-        eng.host_state.close()
 
 
 def _launch(R: int, out: Path, device: str, dtype: str = "float32"):

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -68,9 +69,7 @@ def _worker(out: Path, mode: str, device: str) -> None:
             torch.save([hs.unit_master(u).clone() for u in range(len(numels))], out / "step1.pt")
         sess.barrier()
         if sess.rank == 1:
-            bwd = Engine._RUN[Kind.BWD]
-
-            def faulty(self, st, v):
+            def faulty(bwd, d, v):
                 if int(eng.tpl.g.unit[v]) == 1:  # mid-backward, after some updates streamed
                     if not (out / "fault_t").exists():
                         (out / "fault_t").write_text(repr(time.monotonic()))
@@ -82,10 +81,13 @@ def _worker(out: Path, mode: str, device: str) -> None:
                         raise RuntimeError("injected fault in BWD")
                     if not signalled:  # once; then train on
                         signalled.append(os.kill(os.getpid(), signal.SIGTERM))
-                bwd(self, st, v)
+                bwd(d, v)
 
             signalled: list = []
-            eng._RUN = {**Engine._RUN, Kind.BWD: faulty}  # this engine's table only
+            table = eng.interpreter.kernels  # this engine's kernels only
+            for v, kernel in enumerate(table):
+                if kernel is not None and eng.tpl.kind[v] == Kind.BWD:
+                    table[v] = partial(faulty, kernel)
         for _ in range(2000 if mode == "term" else 1):  # term: train on until stopped
             eng.step(ids)
         raise AssertionError("step 2 returned despite the fault")

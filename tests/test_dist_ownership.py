@@ -8,7 +8,8 @@ import pytest
 
 from slidedp.exec.dist.ownership import EVERY, RANK_THREADS, process_threads, task_owners
 from slidedp.exec.template import Template
-from slidedp.graph.build import build_graph, shard_ranges
+from slidedp.graph.build import build_graph
+from slidedp.graph.sizes import shard_ranges
 from slidedp.graph.tasks import Kind
 from slidedp.spec.model import parse_hf_config
 from slidedp.spec.plan import Plan

@@ -12,6 +12,7 @@ import gc
 import json
 import threading
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -67,15 +68,11 @@ def _train(cfg, plan: Plan, batches, mode="overlap", micro_batch=2, device="cpu"
            dtype=torch.float32, opt=OPT):
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=len(batches[0][0]),
                   micro_batch=micro_batch, gpus=1)
-    eng = Engine(cfg, wl, plan, optimizer=opt, mode=mode, device=device, dtype=dtype)
-    try:
+    with Engine(cfg, wl, plan, optimizer=opt, mode=mode, device=device, dtype=dtype) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         results = [eng.step(ids, labels) for ids, labels in batches]
         hs = eng.host_state
         return results, [hs.unit_master(u).clone() for u in range(hs.n_units)]
-    finally:
-        eng.close()
-        eng.host_state.close()
 
 
 def _check_against_reference(cfg, plan, micro_batch, batch=4, device="cpu", mode="overlap",
@@ -151,18 +148,14 @@ def test_bf16_gradients_widened_on_the_host_equal_widened_on_the_gpu(name, devic
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=4, micro_batch=2, gpus=1)
     runs, init = [], None
     for widen, mib in ((GradWiden.HOST, plan.d2h_chunk_mib), (GradWiden.GPU, 2 * plan.d2h_chunk_mib)):
-        eng = Engine(cfg, wl, replace(plan, grad_widen=widen, d2h_chunk_mib=mib),
-                     optimizer=replace(OPT, grad_clip=clip), device=device, dtype=torch.bfloat16)
-        try:
+        with Engine(cfg, wl, replace(plan, grad_widen=widen, d2h_chunk_mib=mib),
+                    optimizer=replace(OPT, grad_clip=clip), device=device, dtype=torch.bfloat16) as eng:
             eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
             init = [eng.host_state.unit_master(u).clone() for u in range(eng.host_state.n_units)]
             results = [eng.step(ids, labels) for ids, labels in batches]
             hs = eng.host_state
             runs.append((results, [hs.unit_master(u).clone() for u in range(hs.n_units)],
-                         {t.dtype for ring in eng.rings.grad.values() for t in ring}))
-        finally:
-            eng.close()
-            hs.close()
+                         {t.dtype for ring in eng.bufs.rings.grad.values() for t in ring}))
     (a, pa, ring_a), (b, pb, ring_b) = runs
     assert (ring_a, ring_b) == ({torch.bfloat16}, {torch.float32})  # the two ran differently
     if device == "cpu":
@@ -227,6 +220,15 @@ def test_clipping_overlap_equals_sync_bit_for_bit():
         "gpu") else (None, None)) for r in recs)
 
 
+def wrap_kernels(eng, wrappers) -> None:
+    """Task v of a kind in `wrappers` runs wrappers[kind](its kernel, step data, v) instead of
+    its kernel, in this engine only."""
+    table, kinds = eng.interpreter.kernels, eng.tpl.kind
+    for v, kernel in enumerate(table):
+        if kernel is not None and kinds[v] in wrappers:
+            table[v] = partial(wrappers[kinds[v]], kernel)
+
+
 def test_overlap_mode_overlaps_update_with_backward():
     """Measured: some ADAM chunk of layer l runs while the compute stream works on a layer < l.
     In the measured step the first update of layer 2 waits until layer 1's BWD has started, and
@@ -239,28 +241,24 @@ def test_overlap_mode_overlaps_update_with_backward():
     plan = Plan(window_slots=2, d2h_chunk_mib=_elems(65536), h2d_chunk_mib=_elems(65536))
     gen = torch.Generator().manual_seed(0)
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=128, global_batch=4, micro_batch=4, gpus=1)
-    eng = Engine(cfg, wl, plan, optimizer=OPT, mode="overlap")
     update_started, bwd_started = threading.Event(), threading.Event()
 
-    def adam(self, st, v):
-        if self.tpl.g.unit[v] == 2 and not update_started.is_set():  # layer 2's first chunk
+    def adam(kernel, d, v):
+        if eng.tpl.g.unit[v] == 2 and not update_started.is_set():  # layer 2's first chunk
             update_started.set()
             assert bwd_started.wait(60), "layer 1's BWD never started beside layer 2's update"
-        Engine._RUN[Kind.ADAM](self, st, v)
+        kernel(d, v)
 
-    def bwd(self, st, v):
-        if self.tpl.g.unit[v] == 1:
+    def bwd(kernel, d, v):
+        if eng.tpl.g.unit[v] == 1:
             bwd_started.set()
             assert update_started.wait(60), "no update of layer 2 ran during layer 1's BWD"
-        Engine._RUN[Kind.BWD](self, st, v)
+        kernel(d, v)
 
-    try:
+    with Engine(cfg, wl, plan, optimizer=OPT, mode="overlap") as eng:
         eng.step(torch.randint(0, 512, (4, 128), generator=gen))
-        eng._RUN = {**Engine._RUN, Kind.ADAM: adam, Kind.BWD: bwd}  # this engine's table only
+        wrap_kernels(eng, {Kind.ADAM: adam, Kind.BWD: bwd})
         res = eng.step(torch.randint(0, 512, (4, 128), generator=gen))
-    finally:
-        eng.close()
-        eng.host_state.close()
     recs = res.timeline.records
     adams = [r for r in recs if r.kind == "ADAM" and 1 <= r.unit <= 4]
     compute = [r for r in recs if r.kind in ("RECOMPUTE", "BWD")]
@@ -372,12 +370,8 @@ def test_embedding_rows_are_off_when_clipping():
     opt = replace(OPT, grad_clip=0.5)
     _check_against_reference(cfg, plan, 2, opt=opt)
     wl = Workload(parse_hf_config(cfg, "test"), SEQ, 4, 2, 1)
-    eng = Engine(cfg, wl, plan, optimizer=opt)
-    try:
-        assert eng.emb_rows is None and not eng.split_embedding
-    finally:
-        eng.close()
-        eng.host_state.close()
+    with Engine(cfg, wl, plan, optimizer=opt) as eng:
+        assert [f.name for f in eng.features] == ["deferred_update"]  # no split embedding
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -398,17 +392,13 @@ def test_embedding_rows_redeliver_after_a_failed_step():
             seen.append(torch.equal(slot, eng.host_state.unit_master(0)))
 
     wl = Workload(parse_hf_config(cfg, "test"), SEQ, 4, 2, 1)
-    eng = Engine(cfg, wl, plan, optimizer=OPT, mode="sync", probe=probe)
-    try:
+    with Engine(cfg, wl, plan, optimizer=OPT, mode="sync", probe=probe) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         batches = _batches(cfg, 4)
         eng.step(*batches[0])
         with pytest.raises(RuntimeError, match="injected"):
             eng.step(*batches[1])
         eng.step(*batches[2])
-    finally:
-        eng.close()
-        eng.host_state.close()
     assert seen == [True, True, True]
 
 
@@ -428,8 +418,7 @@ def test_long_lived_objects_leave_the_collector_after_the_first_step():
     to the collector."""
     cfg = CONFIGS["qwen3"]
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=2, micro_batch=2, gpus=1)
-    eng = Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT)
-    try:
+    with Engine(cfg, wl, Plan(window_slots=2), optimizer=OPT) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         ids, labels = _batches(cfg, 2)[0]
         frozen_before = gc.get_freeze_count()
@@ -439,9 +428,6 @@ def test_long_lived_objects_leave_the_collector_after_the_first_step():
         after_two = gc.get_freeze_count()
         eng.step(ids, labels)
         assert gc.get_freeze_count() == after_two
-    finally:
-        eng.close()
-        eng.host_state.close()
     assert gc.get_freeze_count() == 0
 
 
@@ -449,7 +435,7 @@ def test_a_failed_construction_removes_the_host_state_it_created(monkeypatch):
     """Without a host_state the engine creates one; a failure later in the constructor closes it
     (before, its shared-memory files stayed in /dev/shm; since a state of one process is
     unlinked once mapped, closing it is what releases its mappings and pinned pages)."""
-    from slidedp.exec import engine as engine_mod
+    from slidedp.exec import buffers
     from slidedp.exec.host_state import HostState
     from slidedp.spec.model import load_model
 
@@ -463,7 +449,7 @@ def test_a_failed_construction_removes_the_host_state_it_created(monkeypatch):
         created.append(real_create(cls, *a, **k))
         return created[-1]
 
-    monkeypatch.setattr(engine_mod, "PinnedPool", broken)
+    monkeypatch.setattr(buffers, "PinnedPool", broken)
     monkeypatch.setattr(HostState, "create", classmethod(create))
     tiny = load_model("tiny-qwen3")
     with pytest.raises(RuntimeError, match="no pinned pool"):

@@ -15,8 +15,8 @@ from reference_docs import plain_adamw_docs
 from test_exec_engine import CONFIGS, OPT, SEED, _elems
 from transformers import AutoConfig
 
-from slidedp.exec.activations import KeptActivations
 from slidedp.exec.engine import Engine
+from slidedp.exec.features.offload import OffloadedActivations
 from slidedp.exec.layer_runner import ModelRunner, document_mask
 from slidedp.exec.packing import Document, pack_rows
 from slidedp.exec.policy_runner import PolicyRunner, kept_layout
@@ -76,7 +76,7 @@ def test_packed_layer_equals_documents_one_by_one(family):
 def _run_policy(runner, policy, params, x, rope, g, ratio):
     p = parse_policy(policy)
     pr = PolicyRunner(runner, None)
-    acts = pr.acts = KeptActivations([kept_layout(pr, p, params, x, rope)], 1, ratio, 2, CPU,
+    acts = pr.acts = OffloadedActivations([kept_layout(pr, p, params, x, rope)], 1, ratio, 2, CPU,
                                      PinnedPool(pin=False))
     acts.add(1, 0, x)
     out, state = pr.forward(p, 1, 0, params, x, rope)

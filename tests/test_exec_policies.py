@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_exec_engine import CONFIGS, _batches, _elems, _reference, _train
 
-from slidedp.exec.activations import KeptActivations
+from slidedp.exec.features.offload import OffloadedActivations
 from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.policy_runner import PolicyRunner, kept_layout
 from slidedp.exec.segment_layer import SegmentLayer
@@ -70,8 +70,8 @@ def _run_policy(family, policy: str, ratio: float):
     r, params, x, rope, g = _layer(family)
     p = parse_policy(policy)
     runner = PolicyRunner(r, None)
-    acts = runner.acts = KeptActivations([kept_layout(runner, p, params, x, rope)], 1, ratio, 2,
-                                         torch.device("cpu"), PinnedPool(pin=False))
+    acts = runner.acts = OffloadedActivations([kept_layout(runner, p, params, x, rope)], 1, ratio,
+                                              2, torch.device("cpu"), PinnedPool(pin=False))
     acts.add(1, 0, x)
     out, state = runner.forward(p, 1, 0, params, x, rope)
     if ratio:
@@ -146,7 +146,8 @@ def test_policy_keeps_what_its_layout_says():
     assert size["layer"] == size["seg:0b0000000"] == x.numel() * 4
     assert size["seg:0b0000000"] < size["seg:0b0100000"] < size["none"]
     assert size["layer"] < size["sac"] < size["none"]
-    acts = KeptActivations([(100, 60, 40)], 2, 0.5, 1, torch.device("cpu"), PinnedPool(pin=False))
+    acts = OffloadedActivations([(100, 60, 40)], 2, 0.5, 1, torch.device("cpu"),
+                                PinnedPool(pin=False))
     assert acts.offload_bytes(1) == 100  # the first half of the 200 bytes, in keep order
 
 
@@ -234,12 +235,8 @@ def test_a_step_after_a_failed_step_starts_clean():
             raise RuntimeError("injected")
 
     wl = Workload(parse_hf_config(cfg, "test"), seq_len=SEQ, global_batch=4, micro_batch=2, gpus=1)
-    eng = Engine(cfg, wl, _plan(("sac",), 0.5, n), optimizer=OPT, probe=probe)
-    try:
+    with Engine(cfg, wl, _plan(("sac",), 0.5, n), optimizer=OPT, probe=probe) as eng:
         eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=SEED)
         with pytest.raises(RuntimeError, match="injected"):
             eng.step(ids, labels)
         assert eng.step(ids, labels).loss > 0
-    finally:
-        eng.close()
-        eng.host_state.close()

@@ -1,4 +1,4 @@
-"""Per-worker OpenMP teams (engine.own_omp_team): each thread keeps the size it set, whatever
+"""Per-worker OpenMP teams (interpreter.own_omp_team): each thread keeps the size it set, whatever
 the other threads set and in whichever order they start their first parallel op."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from slidedp.exec.engine import own_omp_team
+from slidedp.exec.interpreter import own_omp_team
 
 
 def _teams(setter) -> dict[str, int]:

@@ -257,11 +257,9 @@ def test_runs_policy_matches_the_executor():
     tiny = load_model("tiny-qwen3")
     for name in ("none", "sac"):
         try:
-            eng = Engine(dict(tiny.config), Workload(tiny, 16, 1, 1, 1),
-                         Plan(layer_policies=(name,) * 2), optimizer=OPTIMIZER)
-            eng.close()
-            eng.host_state.close()
-            accepted = True
+            with Engine(dict(tiny.config), Workload(tiny, 16, 1, 1, 1),
+                        Plan(layer_policies=(name,) * 2), optimizer=OPTIMIZER):
+                accepted = True
         except SpecError:
             accepted = False
         assert runs_policy(name, "cpu") == accepted

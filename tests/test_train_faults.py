@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from slidedp import cli
-from slidedp.exec import checkpoint, host_state, kernels, rundir, trainer
+from slidedp.exec import checkpoint, fused_kernels, host_state, rundir, trainer
 from slidedp.exec.checkpoint import latest_checkpoint
 from slidedp.exec.io import stream
 from slidedp.exec.schedule import LrSchedule
@@ -319,7 +319,7 @@ def test_skip_nonfinite_skips_the_update_and_leaves_the_state_untouched(tmp_path
     """A NaN injected into the loss's gradient at steps 3 and 5: with --skip-nonfinite 1 step 3's
     update is skipped (its checkpoint equals step 2's: weights, Adam moments, update counts) and
     step 5 stops the run; the same run with --skip-nonfinite 2 ends normally."""
-    real, calls = kernels.linear_cross_entropy, []  # HEAD_LOSS's loss on the eager kernels
+    real, calls = fused_kernels.linear_cross_entropy, []  # HEAD_LOSS's loss on the eager kernels
 
     def nan_at_3_and_5(*a, **k):
         loss, grad = real(*a, **k)
@@ -328,7 +328,7 @@ def test_skip_nonfinite_skips_the_update_and_leaves_the_state_untouched(tmp_path
             return loss * math.nan, grad * math.nan
         return loss, grad
 
-    monkeypatch.setattr(kernels, "linear_cross_entropy", nan_at_3_and_5)
+    monkeypatch.setattr(fused_kernels, "linear_cross_entropy", nan_at_3_and_5)
     out = tmp_path / "one"
     args = ["--steps", "6", "--checkpoint-every", "1", "--keep-checkpoints", "9"]
     assert train(out, *args, "--skip-nonfinite", "1") == 1

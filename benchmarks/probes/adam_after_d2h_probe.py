@@ -57,7 +57,7 @@ import torch
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister, private_shared
 from slidedp.exec.staging import add_chunks
-from slidedp.graph.build import host_sum_bytes_per_elem
+from slidedp.graph.sizes import host_sum_bytes_per_elem
 from slidedp.profile.host import ADAM_DRAM_BYTES_PER_PARAM
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -6,7 +6,7 @@
 
 The cast of one chunk, `staging[i % 4][:n].copy_(master[k n:(k + 1) n])` (FP32 -> BF16 into a
 pinned ring, as engine._run_cast), run by a thread of its own with its own OpenMP team
-(engine.own_omp_team), under each condition the executor adds to the profile's clean loop:
+(interpreter.own_omp_team), under each condition the executor adds to the profile's clean loop:
   b2b         chunks back to back (the profile's CastChunkBench)
   gap         a 1 ms idle wait before each chunk (the agent waiting for a predecessor: do the
               OpenMP threads fall asleep and take long to wake?)
@@ -33,8 +33,8 @@ import time
 import torch
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
-from slidedp.exec.engine import own_omp_team
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister
+from slidedp.exec.interpreter import own_omp_team
 
 MIB = 1 << 20
 RING = 4

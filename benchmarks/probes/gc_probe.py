@@ -34,9 +34,6 @@ def main() -> int:
                   "vocab_size": 151936}
     wl = Workload(parse_hf_config(cfg, "gc-probe"), seq_len=64, global_batch=2, micro_batch=2, gpus=1)
     chunk_mib = 20000 * 2 / MIB  # small chunks: many tasks per step
-    eng = Engine(cfg, wl, Plan(window_slots=36, h2d_chunk_mib=chunk_mib, d2h_chunk_mib=chunk_mib),
-                 optimizer=AdamWConfig(lr=1e-4), device="cpu", dtype=torch.float32)
-    eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=0)
     events, started, step = [], [0.0], [0]
 
     def on_gc(phase, info):
@@ -48,13 +45,15 @@ def main() -> int:
     gc.callbacks.append(on_gc)
     ids = torch.randint(0, cfg["vocab_size"], (2, 64))
     times = []
+    plan = Plan(window_slots=36, h2d_chunk_mib=chunk_mib, d2h_chunk_mib=chunk_mib)
     try:
-        for step[0] in range(steps):
-            times.append(eng.step(ids).step_time_s)
+        with Engine(cfg, wl, plan, optimizer=AdamWConfig(lr=1e-4), device="cpu",
+                    dtype=torch.float32) as eng:
+            eng.host_state.init_random(AutoConfig.for_model(**cfg), seed=0)
+            for step[0] in range(steps):
+                times.append(eng.step(ids).step_time_s)
     finally:
         gc.callbacks.remove(on_gc)
-        eng.close()
-        eng.host_state.close()
     print(f"tasks per step {eng.tpl.n}; step s after the first: mean "
           f"{sum(times[1:]) / len(times[1:]):.3f}, {[round(t, 3) for t in times]}")
     for gen in (0, 1, 2):

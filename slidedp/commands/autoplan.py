@@ -31,7 +31,7 @@ from slidedp.commands.choose import cap_bytes, choose_plan, write_plan
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import default_plan
+from slidedp.spec.plan import default_plan, plan_for_clipping
 from slidedp.spec.workload import Workload
 
 AUTO = "auto"
@@ -76,10 +76,9 @@ def select_plan(opts: dict) -> Path:
     hw = selection_hardware(opts)
     wl = Workload(load_model(opts["model"]), opts["seq"], opts["global_batch"],
                   opts["micro_batch"], opts["nproc"], where="command line")
-    base = default_plan(hw.fabric.kind).with_overrides(
+    base = plan_for_clipping(default_plan(hw.fabric.kind).with_overrides(
         offload_ratio=opts["offload_ratio"], update_workers=opts["update_workers"],
-        host_bf16_copy=opts["host_bf16_copy"],
-        defer_update=True if opts["grad_clip"] or opts.get("skip_nonfinite") else None)
+        host_bf16_copy=opts["host_bf16_copy"]), opts["grad_clip"], opts["skip_nonfinite"])
     print(f"choosing the plan (AutoPolicy) for {hw.name}, probes on {opts['device']}", flush=True)
     plan, report = choose_plan(hw, wl, cap_bytes(hw, opts["gpu_memory_cap_gib"]), base=base,
                                probe_device=opts["device"], executor_device=opts["device"])

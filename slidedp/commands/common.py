@@ -8,6 +8,7 @@ per GPU on both GPUs.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from slidedp.spec.errors import SpecError
@@ -22,6 +23,7 @@ from slidedp.spec.plan import (
     UpdateSharding,
     default_plan,
     load_plan,
+    plan_for_clipping,
 )
 from slidedp.spec.workload import Workload
 
@@ -68,7 +70,27 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g.add_argument("--kernels", choices=[e.value for e in Kernels],
                    help="the layers' and the LM head's kernels: eager (transformers' own), liger "
                    "(liger-kernel's fused ones, CUDA only) or auto (the default: liger on CUDA "
-                   "where liger-kernel imports, else eager; exec/kernels.py)")
+                   "where liger-kernel imports, else eager; exec/fused_kernels.py)")
+
+
+def add_clip_option(p: argparse.ArgumentParser) -> None:
+    """--grad-clip X of predict, simulate and plan (train has its own, in its optimizer group)."""
+    p.add_argument("--grad-clip", type=float, metavar="X",
+                   help="the plan of an optimizer that clips the global gradient norm to X, as "
+                   "`slidedp train --grad-clip X` runs it (spec/plan.py plan_for_clipping: every "
+                   "update deferred after the backward); 0: no clipping, as without the option")
+
+
+def grad_clip(value: float | None, where: str = "command line",
+              field: str = "--grad-clip") -> float | None:
+    """A max gradient norm checked: a finite number >= 0; 0 is no clipping (None), as in
+    DeepSpeed and HF Trainer."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value < 0:
+        raise SpecError(where, field, f"a finite number >= 0 (0: no clipping), got {value!r}")
+    return float(value) or None
 
 
 @dataclass(frozen=True)
@@ -133,6 +155,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
         plan = plan.with_overrides(**over)
     except SpecError as e:
         raise SpecError("command line", f"--{e.field.replace('_', '-')}", e.expected) from None
+    plan = plan_for_clipping(plan, grad_clip(getattr(args, "grad_clip", None)))  # train: its own
     check_chunk_mib(plan, "command line" if args.chunk_mib is not None else str(args.plan or "plan"))
     return Resolved(hw, wl, plan)
 

@@ -4,7 +4,8 @@ long it took, and writes the plan TOML that `slidedp simulate --plan FILE`, `pre
 and `train --plan FILE` read.
 
 --probe confirms the finalists with a few real executor steps each on this machine's device
-(--device; random weights; one rank only, see policy/probe.py)."""
+(--device; random weights; one rank only, see policy/probe.py). --grad-clip X plans for an
+optimizer that clips (spec/plan.py plan_for_clipping; 0: no clipping)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,15 @@ from slidedp.commands.choose import (
     time_limit,
     write_plan,
 )
-from slidedp.commands.common import add_workload_options, describe_workload, resolve_workload
+from slidedp.commands.common import (
+    add_clip_option,
+    add_workload_options,
+    describe_workload,
+    grad_clip,
+    resolve_workload,
+)
 from slidedp.spec.hardware import load_hardware
+from slidedp.spec.plan import default_plan, plan_for_clipping
 
 
 def register(sub) -> None:
@@ -32,6 +40,7 @@ def register(sub) -> None:
         "optionally confirm the finalists with real probes, and write the chosen plan.",
     )
     add_workload_options(p)
+    add_clip_option(p)
     p.add_argument(
         "--gpu-memory-cap-gib",
         type=float,
@@ -55,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     cap = cap_bytes(hw, args.gpu_memory_cap_gib)
     print(describe_workload(hw, wl))
     device = (args.device or default_device()) if args.probe else None
-    plan, report = choose_plan(hw, wl, cap, probe_device=device,
+    clip = grad_clip(args.grad_clip)
+    base = plan_for_clipping(default_plan(hw.fabric.kind), clip)
+    plan, report = choose_plan(hw, wl, cap, base=base, probe_device=device,
                                time_limit_s=time_limit(args.time_limit_s))
     print("\n".join(report.lines()))
     if args.out:

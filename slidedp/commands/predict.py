@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from slidedp.commands.common import add_plan_options, add_workload_options, describe, resolve
+from slidedp.commands.common import (
+    add_clip_option,
+    add_plan_options,
+    add_workload_options,
+    describe,
+    resolve,
+)
 from slidedp.model.predict import Prediction, predict
 from slidedp.spec.units import GIB
 
@@ -16,6 +22,7 @@ def register(sub) -> None:
                        "with the analytic model (resource bounds + critical path).")
     add_workload_options(p)
     add_plan_options(p)
+    add_clip_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 

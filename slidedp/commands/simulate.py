@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from slidedp.commands.common import add_plan_options, add_workload_options, describe, resolve
+from slidedp.commands.common import (
+    add_clip_option,
+    add_plan_options,
+    add_workload_options,
+    describe,
+    resolve,
+)
 from slidedp.sim.engine import SimConfig
 from slidedp.sim.report import format_table, to_json
 from slidedp.sim.simulator import check_routes, simulate
@@ -21,6 +27,7 @@ def register(sub) -> None:
                        "version gates; report the steady-state step and where the GPUs wait.")
     add_workload_options(p)
     add_plan_options(p)
+    add_clip_option(p)
     g = p.add_argument_group("simulation")
     g.add_argument("--iterations", type=int, default=3, help="iterations simulated, >= 3 (default %(default)s)")
     g.add_argument("--no-contention", action="store_true",

@@ -57,7 +57,7 @@ from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
 from slidedp.spec.errors import InfeasiblePlan, SpecError
-from slidedp.spec.plan import GradWiden, Kernels
+from slidedp.spec.plan import GradWiden, Kernels, plan_for_clipping
 from slidedp.spec.tomlio import read_toml
 
 if TYPE_CHECKING:
@@ -146,7 +146,8 @@ def register(sub) -> None:
     o.add_argument("--lr-schedule", choices=SCHEDULES, help="after a linear warmup (default cosine)")
     o.add_argument("--warmup-steps", type=int, help="default 10")
     o.add_argument("--grad-clip", type=float,
-                   help="clip the global L2 gradient norm to this (exact: defers the update)")
+                   help="clip the global L2 gradient norm to this (exact: defers the update); "
+                   "0: no clipping (the default)")
     c = p.add_argument_group("checkpoints and output")
     c.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 0: "
                    "only after the last step)")
@@ -247,6 +248,7 @@ def _layered(args: argparse.Namespace, opts: dict) -> dict:
     for item in getattr(args, "overrides", []):
         k, v = _parse_override(item)
         opts[k] = _check(k, v, f"override {item}")
+    opts["grad_clip"] = opts["grad_clip"] or None  # 0 is no clipping: as if not given
     return opts
 
 
@@ -292,8 +294,8 @@ def build(opts: dict, source=None):
     import torch
 
     from slidedp.exec.adamw import AdamWConfig
+    from slidedp.exec.fused_kernels import resolve as resolve_kernels
     from slidedp.exec.io import open_model_source
-    from slidedp.exec.kernels import resolve as resolve_kernels
     from slidedp.exec.trainer import BASE_HARDWARE, TrainConfig, local_hardware
 
     ranks, mb, gb = opts["nproc"], opts["micro_batch"], opts["global_batch"]
@@ -314,7 +316,8 @@ def build(opts: dict, source=None):
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
     hw = r.hardware if opts["hardware"] else local_hardware(opts["device"], ranks)
     opt = AdamWConfig(lr=opts["lr"], betas=tuple(opts["betas"]), eps=opts["eps"],
-                      weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"])
+                      weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"],
+                      skip_nonfinite=opts["skip_nonfinite"] > 0)
     sched = LrSchedule(opts["lr_schedule"], opts["lr"], opts["warmup_steps"], opts["steps"])
     cfg = TrainConfig(
         out=Path(opts["out"]), data=opts["data"], seq=opts["seq"],
@@ -323,8 +326,7 @@ def build(opts: dict, source=None):
         device=opts["device"], seed=opts["seed"], shuffle=not opts["no_shuffle"],
         checkpoint_every=opts["checkpoint_every"], keep_checkpoints=opts["keep_checkpoints"],
         resume=opts["resume"], trace=Path(opts["trace"]) if opts["trace"] else None,
-        plan=r.plan.with_overrides(
-            defer_update=True if opts["grad_clip"] or opts["skip_nonfinite"] else None),
+        plan=plan_for_clipping(r.plan, opts["grad_clip"], opts["skip_nonfinite"]),
         hardware=hw, skip_nonfinite=opts["skip_nonfinite"],
         save_on_stop=not opts["no_save_on_stop"], **train_data.config_fields(opts))
     return cfg, source

@@ -35,7 +35,10 @@ class AdamWConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
-    grad_clip: float | None = None  # max global L2 norm, as clip_grad_norm_ (engine.py: exact)
+    grad_clip: float | None = None  # max global L2 norm, as clip_grad_norm_ (features/deferred_update.py: exact)
+    # skip a step's whole update where its global gradient norm is NaN or Inf (the state stays
+    # untouched: features/deferred_update.py)
+    skip_nonfinite: bool = False
 
     def __post_init__(self):
         if self.lr < 0 or self.eps < 0 or self.weight_decay < 0:

@@ -1,9 +1,9 @@
 """Non-finite values (NaN, Inf) in training: found at the step that made them, never saved.
 
-  every step   the loss and the gradient norm (exact, global: engine.py) are checked. A
+  every step   the loss and the gradient norm (exact, global: the engine) are checked. A
                non-finite one stops the run (RunError, one line: the step and which value), the
                newest checkpoint untouched; or, with --skip-nonfinite N, the engine has skipped
-               the step's whole update (engine.py: the deferred update's first ADAMs see the norm
+               the step's whole update (features/deferred_update.py: its first ADAMs see the norm
                before any parameter changes) and up to N such steps are passed over.
   every write  a checkpoint's state and the final export are checked unit by unit before they
                are written (all_finite): a non-finite state is never saved, and since the check

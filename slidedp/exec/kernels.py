@@ -1,227 +1,269 @@
-"""The kernels a plan's decoder layers and LM head run (plan.kernels, spec/plan.py Kernels).
+"""The task kernels: one small function per task kind, over the engine's reserved buffers.
 
-    eager  transformers' own modules and loss.py's chunked linear + cross-entropy: the exact path,
-           the only one off CUDA
-    liger  liger-kernel's Triton kernels on CUDA: RMSNorm (every norm of a decoder layer, q/k norms
-           included, and the final norm), the SwiGLU MLP's SiLU x up, RoPE, and the fused linear +
-           cross-entropy for HEAD_LOSS
-    auto   liger on a CUDA device where liger-kernel imports, else eager (`resolve` says why)
-
-How the layers get them. `apply` patches the modules of the executor's own meta model
-(ModelRunner's, one per runner), never the transformers classes: each RMSNorm and gated MLP gets an
-instance `forward` that calls liger's function on the same parameters (functional_call swaps them
-as before); `unpatch` deletes those instance attributes again. RoPE is the exception: attention
-calls its modeling module's global `apply_rotary_pos_emb`, so `install_rope` replaces that global
-with a dispatcher that calls liger's kernel for CUDA tensors and the original function for every
-other tensor (CPU paths stay bit-identical). The dispatcher is process-wide: once a liger runner of
-a family exists, every CUDA model of that family in the process rotates with liger's kernel (equal
-within BF16 rounding); `restore` puts the original functions back. Patching twice, installing
-twice and restoring twice are no-ops.
-
-Two liger behaviours the executor must not meet:
-  - liger's RoPE writes its result into the storage of q and k. In families without q/k norms
-    those are views of the q/k projections' outputs, which policy sac keeps to recompute RoPE
-    from (policy_runner.py): the dispatcher hands liger copies of q and k there. With q/k norms
-    (qwen3) they are the norms' fresh outputs, which nothing else reads.
-  - liger's RMSNorm can write its input gradient over the output gradient it is given (in_place):
-    the norms run with in_place=False, as the executor's backward may hand a gradient it still
-    reads.
-
-HEAD_LOSS with liger (`liger_linear_cross_entropy`, same contract as loss.linear_cross_entropy):
-liger's fused linear + cross-entropy with reduction "sum" and a class-weight vector equal to
-`scale` for every class, so that loss = scale * sum_i CE_i and every logit's gradient is
-scale * (softmax - onehot), computed in FP32 and rounded once to the compute dtype, as loss.py
-does: exactly token-weighted over the global batch, whatever the micro-batch's own token count.
-liger returns its own dW (vocab x hidden, compute dtype), which is added into grad_weight.
+A kernel `kernel(k, d, v)` runs task v of the template with the engine's Context k and the step's
+StepData d. The interpreter calls it on v's agent thread, inside the agent's CUDA stream context
+(GPU agents), once every predecessor of v is complete as far as v needs (docs/executor.md,
+"Stream contract"): a GPU task only enqueues work on the current stream, a CPU task does its
+work. No kernel synchronizes the host or allocates a buffer that another stream reads.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
-from slidedp.exec.loss import IGNORE_INDEX, linear_cross_entropy
-from slidedp.spec.errors import SpecError
-from slidedp.spec.plan import Kernels
-
-ROPE_GLOBAL = "apply_rotary_pos_emb"
-SWIGLU_ACTS = ("silu", "swish")
-
-
-@dataclass(frozen=True)
-class Fused:
-    """The fused functions the patched modules call (liger's, or stand-ins in tests)."""
-
-    rms_norm: Callable  # (x, weight, eps) -> weight * normalized x, as the HF RMSNorm
-    silu_mul: Callable  # (gate, up) -> silu(gate) * up
-    rope: Callable  # (q, k, cos, sin) -> (q, k) rotated, as the HF apply_rotary_pos_emb
+from slidedp.exec.adamw import AdamWConfig, adamw_chunk
+from slidedp.exec.buffers import Buffers
+from slidedp.exec.host_state import HostState
+from slidedp.exec.layer_runner import Attention, ModelRunner, PerMicroBatch
+from slidedp.exec.policy_runner import LayerState, PolicyRunner
+from slidedp.exec.template import Template
+from slidedp.graph.tasks import Kind
+from slidedp.spec.plan import Plan
+from slidedp.spec.workload import Workload
 
 
-@functools.cache
-def liger_unavailable() -> str | None:
-    """None where liger-kernel's functional API imports, else why not (one line)."""
-    try:
-        import liger_kernel.transformers.functional  # noqa: F401
-    except Exception as e:  # ImportError, or triton failing to find a driver
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-    return None
+@dataclass(eq=False)
+class Context:
+    """What every kernel reads: the template, the model's code, the host state, the buffers."""
+
+    tpl: Template
+    plan: Plan
+    wl: Workload
+    opt: AdamWConfig
+    dtype: torch.dtype
+    runner: ModelRunner
+    layer_runner: PolicyRunner
+    policies: list  # per decoder layer l (index l; 0 unused): its parsed activation policy
+    host_state: HostState
+    device: torch.device
+    bufs: Buffers | None = None  # reserved once the plan features have set the BufferSpec
+    # download(k, v, src, mask): a gradient chunk into D2H v's ring chunk (a feature may set it)
+    download: Callable = field(default_factory=lambda: download)
+    cuda: bool = field(init=False)
+
+    def __post_init__(self):
+        self.cuda = self.device.type == "cuda"
 
 
-def resolve(kernels: str, device: torch.device) -> tuple[str, str]:
-    """(the kernels that run, "eager" or "liger"; why, in a few words). "liger" where it cannot
-    run is a SpecError naming plan.kernels."""
-    k = _kernels(kernels)
-    cuda = torch.device(device).type == "cuda"
-    if k == Kernels.EAGER:
-        return "eager", "asked for"
-    if not cuda:
-        if k == Kernels.LIGER:
-            raise SpecError("plan", "kernels", f"eager or auto on {torch.device(device).type}: "
-                            "liger-kernel runs on CUDA devices only")
-        return "eager", f"auto: the device is {torch.device(device).type}"
-    why = liger_unavailable()
-    if why is not None:
-        if k == Kernels.LIGER:
-            raise SpecError("plan", "kernels", f"eager or auto: liger-kernel does not import "
-                            f"here ({why})")
-        return "eager", f"auto: liger-kernel does not import ({why})"
-    return "liger", "asked for" if k == Kernels.LIGER else "auto: CUDA with liger-kernel"
+@dataclass(eq=False)
+class StepData:
+    """What one step's kernels share: inputs, activations in flight, accumulators."""
+
+    iteration: int  # the engine's steps before this one
+    lr: float
+    scale: float  # 1 / non-ignored tokens of the global batch
+    adam_step: list[int]  # per unit: its update count including this step's
+    ids: list[torch.Tensor]  # per micro-batch, on the device
+    targets: list[torch.Tensor]  # per micro-batch, shifted labels, flat
+    rope: Attention | PerMicroBatch  # RoPE tables (and packed rows' masks), per micro-batch
+    loss: torch.Tensor  # device scalar, summed by HEAD_LOSS
+    cur: list[torch.Tensor] = field(default_factory=list)  # per micro-batch: hidden states / grads
+    layers: dict[tuple[int, int], LayerState] = field(default_factory=dict)  # (layer, mb)
 
 
-def _kernels(kernels: str) -> Kernels:
-    try:
-        return Kernels(kernels)
-    except ValueError:
-        raise SpecError("plan", "kernels", f"one of {', '.join(k.value for k in Kernels)}, got "
-                        f"{kernels!r}") from None
+def span(k: Context, v: int) -> tuple[int, int, int]:
+    """Task v's unit and element range [lo, hi) in it."""
+    g = k.tpl.g
+    return int(g.unit[v]), int(g.elem_lo[v]), int(g.elem_hi[v])
 
 
-def liger() -> Fused:
-    """liger-kernel's functions (import it only where resolve() said liger)."""
-    from liger_kernel.transformers import functional as lf
-
-    def rms_norm(x, weight, eps):
-        return lf.liger_rms_norm(x, weight, eps, offset=0.0, casting_mode="llama", in_place=False)
-
-    return Fused(rms_norm, lf.liger_swiglu, lf.liger_rope)
+def accumulate(dst: torch.Tensor, g: torch.Tensor, micro_batch: int) -> None:
+    """Gradient accumulation over micro-batches: the first one writes, the others add."""
+    if micro_batch == 0:
+        dst.copy_(g)
+    else:
+        dst.add_(g)
 
 
-def apply(model: torch.nn.Module, kernels: str, device: torch.device) -> tuple[str, str]:
-    """Resolve `kernels` on `device`; for liger, patch `model` (a *ForCausalLM, typically on the
-    meta device) and install the RoPE dispatcher of its family. Returns resolve()'s pair."""
-    name, why = resolve(kernels, device)
-    if name == "liger":
-        fused = liger()
-        patch(model, fused)
-        attn = model.model.layers[0].self_attn
-        install_rope(sys.modules[type(attn).__module__], fused.rope,
-                     copy_inputs=not hasattr(attn, "q_norm"))
-    return name, why
+def cast(k: Context, d: StepData, v: int) -> None:
+    u, lo, hi = span(k, v)
+    staging = k.bufs.rings.staging[int(k.tpl.g.buffer[v])]
+    staging[:hi - lo].copy_(k.host_state.unit_master(u)[lo:hi])
 
 
-def head_loss(kernels: str) -> Callable:
-    """HEAD_LOSS's linear + cross-entropy for resolved `kernels` (loss.linear_cross_entropy's
-    signature and contract)."""
-    return liger_linear_cross_entropy if kernels == "liger" else linear_cross_entropy
+def h2d(k: Context, d: StepData, v: int) -> None:
+    u, lo, hi = span(k, v)
+    i = k.tpl.h2d_src[v]  # -1: straight from the host state's parameter copy
+    src = k.host_state.unit_copy(u)[lo:hi] if i < 0 else k.bufs.rings.staging[i][:hi - lo]
+    k.bufs.window.slot(u)[lo:hi].copy_(src, non_blocking=True)
 
 
-# ---- module patches -------------------------------------------------------------------------
+def embed_fwd(k: Context, d: StepData, v: int) -> None:
+    weight = k.bufs.window.params(0)["weight"]
+    d.cur = []
+    for b, ids in enumerate(d.ids):
+        x = F.embedding(ids, weight)
+        k.bufs.acts.add(1, b, x)
+        d.cur.append(x)
 
 
-def _rms_norm_forward(fused: Fused, self, x):
-    return fused.rms_norm(x, self.weight, self.variance_epsilon)
+@torch.no_grad()
+def fwd(k: Context, d: StepData, v: int) -> None:
+    layer = int(k.tpl.g.unit[v])
+    params = k.bufs.window.params(layer)
+    for b, x in enumerate(d.cur):
+        out, d.layers[(layer, b)] = k.layer_runner.forward(k.policies[layer], layer, b, params,
+                                                            x, d.rope)
+        if layer < k.runner.n_layers:
+            k.bufs.acts.add(layer + 1, b, out)
+        d.cur[b] = out
 
 
-def _swiglu_forward(fused: Fused, self, x):
-    return self.down_proj(fused.silu_mul(self.gate_proj(x), self.up_proj(x)))
+def head_loss(k: Context, d: StepData, v: int) -> None:
+    runner, window = k.runner, k.bufs.window
+    head_u = runner.n_layers + 1
+    head, head_grad = window.params(head_u), window.grad_views(head_u)
+    if runner.tied:
+        weight = window.params(0)["weight"]
+        grad_weight = window.grad_views(0)["weight"]
+    else:
+        weight, grad_weight = head["lm_head.weight"], head_grad["lm_head.weight"]
+    grad_weight.zero_()
+    for b, x in enumerate(d.cur):
+        x = x.detach().requires_grad_()
+        norm_w = head["norm.weight"].detach().requires_grad_()
+        with torch.enable_grad():
+            xn = runner.norm_forward(norm_w, x)
+        loss, grad_xn = runner.head_loss(xn.detach().reshape(-1, xn.shape[-1]), weight,
+                                         d.targets[b], d.scale, grad_weight)
+        gx, gw = torch.autograd.grad(xn, (x, norm_w), grad_xn.view_as(xn))
+        accumulate(head_grad["norm.weight"], gw, b)
+        d.loss += loss
+        d.cur[b] = gx
 
 
-def patched_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable]]:
-    """(module, its fused forward taking (fused, self, x)) for every RMSNorm of the model's
-    decoder and every gated MLP with a SiLU activation."""
-    out = []
-    for m in model.model.modules():
-        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
-            out.append((m, _rms_norm_forward))
-        elif all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj")) and getattr(
-                getattr(m, "config", None), "hidden_act", None) in SWIGLU_ACTS:
-            out.append((m, _swiglu_forward))
-    return out
+def recompute(k: Context, d: StepData, v: int) -> None:
+    layer = int(k.tpl.g.unit[v])
+    k.layer_runner.recompute(d.layers[(layer, 0)], k.bufs.window.params(layer), d.rope)
 
 
-def patch(model: torch.nn.Module, fused: Fused) -> int:
-    """Give every module of patched_modules() an instance forward calling `fused`; returns how
-    many. Idempotent (a second call rebinds the same forward)."""
-    mods = patched_modules(model)
-    for m, fwd in mods:
-        m.forward = types.MethodType(functools.partial(fwd, fused), m)
-    return len(mods)
+def bwd(k: Context, d: StepData, v: int) -> None:
+    layer = int(k.tpl.g.unit[v])
+    grads, params = k.bufs.window.grad_views(layer), k.bufs.window.params(layer)
+    for b in range(k.wl.accum_steps):
+        state = d.layers.pop((layer, b))
+        k.layer_runner.recompute(state, params, d.rope)  # done by RECOMPUTE for b = 0
+        d.cur[b], got = k.layer_runner.backward(state, d.cur[b])
+        del state
+        k.bufs.acts.release(layer, b)
+        for name, gp in got.items():
+            accumulate(grads[name], gp, b)
 
 
-def unpatch(model: torch.nn.Module) -> None:
-    """Remove the instance forwards patch() set (the class's forward runs again)."""
-    for m, _ in patched_modules(model):
-        m.__dict__.pop("forward", None)
+def embed_bwd(k: Context, d: StepData, v: int) -> None:
+    grad = k.bufs.window.grad_views(0)["weight"]
+    if not k.runner.tied:  # tied: HEAD_LOSS already wrote the head's share
+        grad.zero_()
+    pad = k.runner.padding_idx
+    for ids, gx in zip(d.ids, d.cur, strict=True):
+        ids, gx = ids.reshape(-1), gx.reshape(-1, gx.shape[-1])
+        if pad is not None:  # nn.Embedding(padding_idx) gives that row no gradient
+            gx = gx * (ids != pad)[:, None].to(gx.dtype)
+        grad.index_add_(0, ids, gx)
+    d.cur = []
 
 
-# ---- the RoPE dispatcher (process-wide) -----------------------------------------------------
-
-_ORIGINAL_ROPE: dict[str, Callable] = {}
-
-
-def install_rope(module: types.ModuleType, rope: Callable, copy_inputs: bool,
-                 on: Callable[[torch.Tensor], bool] = lambda t: t.is_cuda) -> None:
-    """Replace `module`'s apply_rotary_pos_emb by a dispatcher: `rope` for tensors where `on`
-    holds (CUDA), the original function for the rest; with `copy_inputs`, `rope` gets copies of
-    q and k (it writes into its inputs). Installed once per module; see the module docstring."""
-    if module.__name__ in _ORIGINAL_ROPE:
-        return
-    original = getattr(module, ROPE_GLOBAL)
-
-    def dispatch(q, k, cos, sin, *args, **kwargs):
-        if not on(q):
-            return original(q, k, cos, sin, *args, **kwargs)
-        if copy_inputs:
-            q, k = q.clone(), k.clone()
-        return rope(q, k, cos, sin, *args, **kwargs)
-
-    _ORIGINAL_ROPE[module.__name__] = original
-    setattr(module, ROPE_GLOBAL, dispatch)
+def allgather(k: Context, d: StepData, v: int) -> None:
+    k.bufs.coll.all_gather(int(k.tpl.g.unit[v]))
 
 
-def restore() -> None:
-    """Put back every original apply_rotary_pos_emb install_rope replaced."""
-    while _ORIGINAL_ROPE:
-        name, original = _ORIGINAL_ROPE.popitem()
-        setattr(sys.modules[name], ROPE_GLOBAL, original)
+def reduce(k: Context, d: StepData, v: int) -> None:
+    u, meta = int(k.tpl.g.unit[v]), k.tpl.g.meta
+    k.bufs.coll.reduce(u, meta.embedding_grad_align if u == 0 else 1)
 
 
-# ---- HEAD_LOSS ------------------------------------------------------------------------------
+def d2h(k: Context, d: StepData, v: int) -> None:
+    u, lo, hi = span(k, v)
+    k.download(k, v, k.bufs.window.grad(u)[lo:hi])
 
 
-def liger_linear_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    scale: float,
-    grad_weight: torch.Tensor,
-    chunk_tokens: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """loss.linear_cross_entropy through liger's fused kernel (module docstring); liger picks its
-    own chunk size, so `chunk_tokens` is accepted and unused."""
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+def ring_chunk(k: Context, v: int, n: int) -> torch.Tensor:
+    """The first n elements of the gradient ring chunk task v writes (a D2H)."""
+    tpl = k.tpl
+    key = (int(tpl.g.rank[v]), tpl.worker[v])
+    return k.bufs.rings.grad[key][int(tpl.g.buffer[v])][:n]
 
-    h = hidden.detach().requires_grad_()
-    w = weight.detach().requires_grad_()
-    class_scale = torch.full((weight.shape[0],), scale, dtype=torch.float32, device=hidden.device)
-    with torch.enable_grad():
-        loss = liger_fused_linear_cross_entropy(h, w, targets, ce_weight=class_scale,
-                                                ignore_index=IGNORE_INDEX, reduction="sum")
-        grad_hidden, grad_w = torch.autograd.grad(loss, (h, w))
-    grad_weight += grad_w
-    return loss.detach().float(), grad_hidden
+
+def widened(k: Context, v: int, src: torch.Tensor, dst: torch.Tensor,
+            mask: Callable[[torch.Tensor], None] | None) -> torch.Tensor | None:
+    """D2H of gradient chunk src (device) into ring chunk dst, up to the last copy: on the GPU,
+    src widened to FP32 into d2h_fp32, mask applied there, its squared norm enqueued into sq
+    (a producer of an aggregated chunk: norm slot >= 0); the widened chunk is returned for the
+    last copy. On the CPU, src copied into dst, mask applied, its norm taken; None."""
+    j, bufs = k.tpl.norm_slot[v], k.bufs
+    if not k.cuda:
+        dst.copy_(src)
+        if mask is not None:
+            mask(dst)
+        if j >= 0:
+            wide = dst.float()
+            bufs.sq[j] = torch.dot(wide, wide)
+        return None
+    wide = bufs.d2h_fp32[:len(src)]
+    wide.copy_(src)
+    if mask is not None:
+        mask(wide)
+    if j >= 0:
+        bufs.sq_dev[j].copy_(torch.dot(wide, wide))
+        bufs.sq[j:j + 1].copy_(bufs.sq_dev[j:j + 1], non_blocking=True)
+    return wide
+
+
+def download(k: Context, v: int, src: torch.Tensor,
+             mask: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Gradient chunk src into task v's FP32 ring chunk (widened on the GPU), with its norm;
+    mask(chunk), if given, zeroes part of the widened chunk first."""
+    dst = ring_chunk(k, v, len(src))
+    wide = widened(k, v, src, dst, mask)
+    if wide is not None:
+        dst.copy_(wide, non_blocking=True)
+
+
+def host_sum(k: Context, d: StepData, v: int) -> None:
+    _, lo, hi = span(k, v)
+    sum_chunks(k, v, hi - lo)
+
+
+def sum_chunks(k: Context, v: int, n: int, in_place: bool = False) -> None:
+    """HOST_SUM v: the ranks' chunks (n elements) summed in FP32 into its worker's accumulator
+    (or, in_place, into the first chunk), and the sum's squared norm into sq."""
+    tpl, bufs = k.tpl, k.bufs
+    acc = bufs.rings.host_sum(tpl.worker[v], tpl.grad_src[v], n, in_place=in_place)
+    bufs.sq[tpl.norm_slot[v]] = torch.dot(acc, acc)
+
+
+def adam(k: Context, d: StepData, v: int) -> None:
+    u, lo, hi = span(k, v)
+    update(k, d, u, lo, hi, adam_grad(k, v, hi - lo))
+
+
+def adam_grad(k: Context, v: int, n: int) -> torch.Tensor:
+    """The gradient ADAM v reads (n elements): its HOST_SUM's accumulator, or its ring chunk."""
+    tpl = k.tpl
+    if tpl.summed[v]:
+        return k.bufs.rings.acc[tpl.worker[v]][:n]
+    (key, slot), = tpl.grad_src[v]
+    return k.bufs.rings.grad[key][slot][:n]
+
+
+def update(k: Context, d: StepData, u: int, lo: int, hi: int, g: torch.Tensor,
+           coef: float = 1.0) -> None:
+    """AdamW on elements [lo, hi) of unit u with gradient g times coef (adamw.adamw_chunk), and
+    the parameter copy the uploads read, if the host state keeps one."""
+    hs = k.host_state
+    p = hs.unit_master(u)[lo:hi]
+    adamw_chunk(p, g, hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi], d.adam_step[u], k.opt, d.lr,
+                coef)
+    if hs.copy is not None:
+        hs.unit_copy(u)[lo:hi].copy_(p)
+
+
+# the base schedule's kernels; a plan feature adds its own kinds' (features/)
+KERNELS = {Kind.CAST: cast, Kind.H2D: h2d, Kind.ALLGATHER: allgather, Kind.EMBED_FWD: embed_fwd,
+           Kind.FWD: fwd, Kind.HEAD_LOSS: head_loss, Kind.RECOMPUTE: recompute, Kind.BWD: bwd,
+           Kind.EMBED_BWD: embed_bwd, Kind.REDUCE: reduce, Kind.D2H: d2h,
+           Kind.HOST_SUM: host_sum, Kind.ADAM: adam}

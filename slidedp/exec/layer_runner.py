@@ -16,7 +16,7 @@ device (a few kB) and evaluated once per step into an `Attention` (what a layer'
                one by one. The mask is built in the compute dtype, not as booleans, because SDPA
                turns a boolean mask into a new additive tensor on every call, which autograd
                would save per layer; this one is saved by reference, once per step.
-`kernels` (plan.kernels) picks the layers' and the head's kernels (exec/kernels.py: eager, or
+`kernels` (plan.kernels) picks the layers' and the head's kernels (exec/fused_kernels.py: eager, or
 liger-kernel's on CUDA); `head_loss` is HEAD_LOSS's linear + cross-entropy for them.
 
 Supported: transformers' Qwen3, Qwen2, Llama and Mistral decoder models without sliding-window
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
-from slidedp.exec import kernels as fused_kernels
+from slidedp.exec import fused_kernels
 from slidedp.exec.layout import UnitLayout, model_layout
 from slidedp.spec.errors import SpecError
 

@@ -132,14 +132,14 @@ def measure(model_config: dict, wl: Workload, plan: Plan, hs: HostState, *, devi
     data = torch.randint(0, wl.model.vocab_size, (wl.global_batch, wl.seq_len),
                          generator=torch.Generator().manual_seed(0))
     try:
-        first = last = eng.step(data)
-        times = [first.step_time_s]
-        for _ in range(iters - 1):
-            last = eng.step(data)
-            times.append(last.step_time_s)
-        pss = host_pss_bytes()  # with the engine's pinned buffers still held
+        with eng:
+            first = last = eng.step(data)
+            times = [first.step_time_s]
+            for _ in range(iters - 1):
+                last = eng.step(data)
+                times.append(last.step_time_s)
+            pss = host_pss_bytes()  # with the engine's pinned buffers still held
     finally:
-        eng.close()
         del eng  # its GPU buffers go now, before the CUDA cache is returned below
     steady = times[discard:]
     mine = (last.origin_s, last.timeline.records, last.gpu_peak_bytes, pss)

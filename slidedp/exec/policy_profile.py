@@ -2,8 +2,8 @@
 stage 3, ProfileCkpt): one decoder layer of a model, one micro-batch, one policy.
 
 `profile_layer_policy` runs the layer as the engine does (policy_runner.PolicyRunner forward,
-recompute and backward, what it keeps in a KeptActivations with the plan's offload ratio,
-offloaded to host and reloaded in between) and reports:
+recompute and backward, what it keeps in the activation offload's store with the plan's offload
+ratio, offloaded to host and reloaded in between: features/offload.py) and reports:
     fwd_s, recompute_s, bwd_s, compute_s  median seconds over `repeats` runs after one warm-up
                                           (compute_s = their sum), the device synchronized
                                           around each phase; recompute_s = 0 for a policy that
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slidedp.exec.activations import KeptActivations
+from slidedp.exec.features.offload import OffloadedActivations
 from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.policy_runner import PolicyRunner, kept_layout, recomputes
 from slidedp.exec.staging import PinnedPool
@@ -82,7 +82,7 @@ def profile_layer_policy(model_config, policy: str | LayerPolicy, micro_batch: i
     layers = PolicyRunner(runner, None)
     layout = kept_layout(layers, p, params, torch.zeros(shape, device=dev, dtype=dtype), rope)
     pool = PinnedPool(pin=cuda)
-    acts = layers.acts = KeptActivations([layout], 1, offload_ratio, 1, dev, pool)
+    acts = layers.acts = OffloadedActivations([layout], 1, offload_ratio, 1, dev, pool)
 
     def sync():
         if cuda:

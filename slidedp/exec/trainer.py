@@ -292,8 +292,7 @@ class Trainer:
         try:
             return Engine(self.source.config, self.wl, cfg.plan, device=cfg.device,
                           dtype=DTYPES[cfg.dtype], optimizer=cfg.optimizer, host_state=hs,
-                          session=self.session, packed=cfg.data_options.pack,
-                          skip_nonfinite=cfg.skip_nonfinite > 0)
+                          session=self.session, packed=cfg.data_options.pack)
         except SpecError as e:
             if e.where == "model config":  # name the model the user gave
                 raise SpecError(self.source.where, e.field, e.expected) from None

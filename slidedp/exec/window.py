@@ -10,7 +10,7 @@ Gradient buffers, indexed as the graph's BWD `buffer`:
     G+1        final norm + LM head
 A unit's parameters are views of its slot with the unit's layout; nothing here is allocated after
 construction. Without `embedding_grad` (an untied embedding whose update is split,
-plan.embedding_rows: its gradient lives in exec/embedding_rows.py's compact buffer) the
+plan.embedding_rows: its gradient lives in exec/features/embedding_rows.py's compact buffer) the
 embedding's gradient buffer is empty.
 """
 

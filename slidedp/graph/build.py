@@ -18,18 +18,15 @@ from slidedp.graph.sizes import (
     host_sum_bytes_per_elem,
     shard_ranges,
     team_share,
-    update_shards,
 )
 from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, GraphMeta, Kind, TaskGraph
-from slidedp.spec.elements import FP32_BYTES, GRAD_BYTES, PARAM_BYTES
+from slidedp.spec.elements import GRAD_BYTES, PARAM_BYTES
 from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
 from slidedp.spec.segments import policy_cost
 from slidedp.spec.units import MIB
 from slidedp.spec.workload import Workload
 
-# with the sizes the executor imports from here (exec/engine.py, exec/dist/)
-__all__ = ["FP32_BYTES", "Builder", "build_graph", "host_sum_bytes_per_elem", "shard_ranges",
-           "update_shards"]
+__all__ = ["Builder", "build_graph"]
 
 DATA, BUFFER = EdgeKind.DATA, EdgeKind.BUFFER
 _OP = {name: i for i, name in enumerate(COLLECTIVE_OPS)}

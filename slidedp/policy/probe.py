@@ -106,14 +106,13 @@ def runs_policy(name: str, device: str) -> bool:
     tiny = load_model("tiny-qwen3")
     plan = Plan(param_route=ParamRoute.REPLICATED, layer_policies=(name,) * tiny.n_layers)
     try:
-        eng = Engine(dict(tiny.config), Workload(tiny, 16, 1, 1, 1), plan, device=device,
-                     dtype=_dtype(device), optimizer=OPTIMIZER)
+        with Engine(dict(tiny.config), Workload(tiny, 16, 1, 1, 1), plan, device=device,
+                    dtype=_dtype(device), optimizer=OPTIMIZER):
+            pass
     except SpecError as e:
         if e.field in POLICY_FIELDS:
             return False
         raise
-    eng.close()
-    eng.host_state.close()
     return True
 
 

@@ -90,10 +90,9 @@ def measure(model_config: dict, seq: int, device: str,
     plan = Plan(param_route=ParamRoute.REPLICATED, h2d_chunk_mib=chunk_mib, d2h_chunk_mib=chunk_mib)
     hs = random_host_state(cfg, None, None)
     try:
-        eng = Engine(cfg, wl, plan, device=device,
-                     dtype=torch.bfloat16 if device == "cuda" else torch.float32,
-                     optimizer=OPTIMIZER, host_state=hs)
-        try:
+        with Engine(cfg, wl, plan, device=device,
+                    dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                    optimizer=OPTIMIZER, host_state=hs) as eng:
             data = torch.randint(0, spec.vocab_size, (1, seq),
                                  generator=torch.Generator().manual_seed(0))
             for _ in range(WARMUP_STEPS):
@@ -105,7 +104,5 @@ def measure(model_config: dict, seq: int, device: str,
                     samples[k] += v
                 steps += 1
             return AgentGaps.of(samples, steps)
-        finally:
-            eng.close()
     finally:
         hs.close()

@@ -5,7 +5,7 @@ built with AutoModelForCausalLM on the meta device and materialized on GPU 0 in 
 N(0, 0.02), norms 1, biases 0), SDPA attention with the causal mask and no padding mask, rotary
 embeddings from the model's own rotary class: the code the executor runs (exec/layer_runner.py,
 whose config checks apply: dense qwen3, qwen2, llama, mistral), with the kernels a plan's
-`kernels` would run there (exec/kernels.py; "auto" by default: liger-kernel's where it imports),
+`kernels` would run there (exec/fused_kernels.py; "auto" by default: liger-kernel's where it imports),
 recorded in each LayerTiming and in the hardware file's layer_time rows. Input and output gradient are
 random BF16 (micro_batch, seq, hidden); the input requires grad, as inside a model. Per policy,
 CUDA events around each phase on the one stream, median of `repeats` after `warmup`:
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slidedp.exec import kernels as fused_kernels
+from slidedp.exec import fused_kernels
 from slidedp.exec.layer_runner import hf_config
 from slidedp.profile.timing import cuda_median_s
 from slidedp.spec.model import ModelSpec, first_layers_config
@@ -53,7 +53,7 @@ class LayerTiming:
     iterations: int = 0  # sustained: iterations of this policy back to back (0: a short run)
     span_s: float = 0.0  # sustained: GPU time of the whole back-to-back run (all policies)
     busy: float = 0.0  # sustained: summed iteration times / span_s
-    kernels: str = "eager"  # the kernels the layer ran: eager | liger (exec/kernels.py)
+    kernels: str = "eager"  # the kernels the layer ran: eager | liger (exec/fused_kernels.py)
 
     @property
     def total_s(self) -> float:

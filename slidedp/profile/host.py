@@ -12,7 +12,7 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          adamw_chunk (plan.grad_widen = host): parameters / time
   teams  the executor's two CPU teams at once (HostBench.teams_bps): a cast team casting FP32 ->
          BF16 and an update team running the fused AdamW, each in its own thread with its own
-         OpenMP team (engine.own_omp_team), both looping for the same wall time on buffers of
+         OpenMP team (interpreter.own_omp_team), both looping for the same wall time on buffers of
          their own: (6 B x cast elements + 28 B x Adam parameters) / time, the DRAM traffic the
          executor's default teams reach together (the model's host DRAM cap, HostSpec.team_dram_bps),
          and the cast's own part of it (how the two share it, HostSpec.cast_weight)
@@ -58,8 +58,8 @@ from contextlib import contextmanager
 import torch
 
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
-from slidedp.exec.engine import own_omp_team
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister, private_shared
+from slidedp.exec.interpreter import own_omp_team
 from slidedp.profile.machine import Machine
 from slidedp.profile.timing import run_together, wall_median_s
 from slidedp.spec.model import BF16, FP32

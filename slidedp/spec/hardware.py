@@ -80,7 +80,7 @@ from slidedp.spec.units import GB, GIB, MIB
 
 FABRIC_KINDS = ("pcie", "nvlink-pairs", "nvswitch")
 COLLECTIVES = ("all_gather", "reduce_scatter", "reduce", "all_reduce")
-LAYER_KERNELS = ("eager", "liger")  # a measured layer_time row's kernels (exec/kernels.py)
+LAYER_KERNELS = ("eager", "liger")  # a measured layer_time row's kernels (exec/fused_kernels.py)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class LayerTime:
     # policy code (sac recomputes only memory-bound ops: it prices the elementwise bytes of every
     # recompute, graph/costs.py flops_per_hbm_byte); in (0, 1); None: not measured
     sac_recompute_fraction: float | None = None
-    kernels: str = "eager"  # the kernels the layer ran (exec/kernels.py): eager | liger
+    kernels: str = "eager"  # the kernels the layer ran (exec/fused_kernels.py): eager | liger
 
 
 @dataclass(frozen=True)

@@ -18,18 +18,20 @@ host memory and is reloaded `reload_ahead_layers` layers ahead of its backward.
 which exact global-norm clipping needs (the norm covers every chunk before any update). It costs
 ~4 B/param of host memory (the gradient rings the update reads hold a whole iteration's FP32
 chunks) and the update no longer overlaps backward: the whole CPU update is exposed after it.
-The executor sets it whenever the optimizer clips (AdamWConfig.grad_clip, exec/engine.py); set it
-yourself to predict or simulate that cost (`--defer-update`), or before a footprint check.
+The executor sets it whenever the optimizer clips (AdamWConfig.grad_clip,
+exec/features/deferred_update.py); plan_for_clipping gives the plan of a clipping optimizer
+(`--grad-clip X` on train, predict, simulate and plan; X = 0 is no clipping), `--defer-update`
+sets it alone.
 `step_join` (default true) ends every iteration with a join of every agent, as the executor does
-(exec/engine.py, "Step boundary"): nothing of step t+1 starts before all of step t is done. False
+(docs/executor.md, "Step boundary"): nothing of step t+1 starts before all of step t is done. False
 leaves only the per-unit version gates (I3) between iterations: what an executor pipelining
 across steps would achieve (`--no-step-join` predicts it; the executor refuses it).
 `embedding_rows` (default false) splits the embedding's update, which otherwise sits on the step
 boundary (its gradient comes last, the next forward needs it first; method.md section 11): every
 row is updated during the backward with the gradient known before EMBED_BWD (the tied head's
 share, or zero when untied) while the rows the batch looked up keep their state, and only those
-rows are updated after EMBED_BWD and re-sent (graph/build.py, "embedding rows"). Ignored with
-defer_update. The executor runs it (exec/embedding_rows.py), the simulator and the analytic model
+rows are updated after EMBED_BWD and re-sent (graph/features/embedding_rows.py). Ignored with
+defer_update. The executor runs it (exec/features/embedding_rows.py), the simulator and the analytic model
 predict it (`--embedding-rows`); off by default: it pays for tied embeddings only
 (docs/embedding-rows.md).
 `grad_widen` says where a BF16 gradient chunk becomes FP32 for the CPU update: "gpu" (default)
@@ -41,7 +43,7 @@ the update CPU time: on nvidia-h200 (Qwen3-4B mb 4 and 5, benchmarks/RESULTS.md)
 host widening is for hosts where the downloads, not the update's cores, are the bottleneck. The
 cpu route with more than one GPU always downloads FP32: its host sum adds the ranks' chunks in
 FP32 (graph.build.grad_wire_bytes).
-`kernels` says which kernels the decoder layers and the LM head run (exec/kernels.py): "eager"
+`kernels` says which kernels the decoder layers and the LM head run (exec/fused_kernels.py): "eager"
 (transformers' own PyTorch code, the exact CPU path), "liger" (liger-kernel's fused RMSNorm, SwiGLU,
 RoPE and linear + cross-entropy; CUDA only) or "auto" (the default: liger on a CUDA device where
 liger-kernel imports, else eager). The profile times the layer with the kernels it ran and tags the
@@ -166,6 +168,17 @@ class Plan:
 
     def with_overrides(self, **kw) -> Plan:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+def plan_for_clipping(plan: Plan, grad_clip: float | None, skip_nonfinite: int = 0) -> Plan:
+    """The plan the executor runs for an optimizer that clips the global gradient norm to
+    `grad_clip` (None or 0: no clipping) or may skip up to `skip_nonfinite` non-finite steps:
+    both read the norm of every gradient chunk before any update, so every update is deferred
+    (defer_update). Without either, `plan` itself (an explicit defer_update stays). Train,
+    predict, simulate and plan all take the clipping schedule from here."""
+    if grad_clip or skip_nonfinite:
+        return replace(plan, defer_update=True)
+    return plan
 
 
 def team_cores(cores: int) -> int:

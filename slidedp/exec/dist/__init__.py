@@ -4,8 +4,8 @@
     session.py      DistSession: process groups, shared memory, failure status and watchdog
     ownership.py    which process runs which task of the graph, and its CPU threads
     collectives.py  the fabric agent's ALLGATHER and REDUCE on the window's buffers
-The engine (../engine.py) runs the graph of R ranks in every process; its module docstring holds
-the process and stream contract.
+The engine (../engine.py) runs the graph of R ranks in every process; docs/executor.md holds the
+process and stream contract.
 """
 
 from slidedp.exec.dist.launch import is_rank_process, launch, torchrun_argv

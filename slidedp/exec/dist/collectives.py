@@ -1,10 +1,10 @@
 """The fabric agent's collectives, in place on the window's buffers (default process group).
 
-The comm thread calls them inside its comm stream's context (engine.py): with NCCL the
+The comm thread calls them inside its comm stream's context (interpreter.py): with NCCL the
 collective waits for the work already on the comm stream and, being synchronous (async_op=False),
 makes the comm stream wait for it, so the task's end event on the comm stream marks its
 completion; with gloo (CPU) the call returns when it is done.
-    all_gather(u)  rank r uploaded shard r of unit u (build.shard_ranges) into its slot; after it
+    all_gather(u)  rank r uploaded shard r of unit u (sizes.shard_ranges) into its slot; after it
                    every rank's slot holds the whole unit. all_gather_into_tensor(slot,
                    slot[shard r]) when R divides the unit (NCCL's in-place all-gather), else one
                    broadcast per shard from its owner.
@@ -13,7 +13,7 @@ completion; with gloo (CPU) the call returns when it is done.
                    reduce_scatter_tensor into a reserved buffer copied back over this rank's
                    shard of the gradient buffer (R divides the unit), else one reduce per shard
                    to its owner (per whole-row share, align = hidden, for a split embedding's
-                   bulk: build.update_shards). Either way D2H then reads the sum where it reads
+                   bulk: sizes.update_shards). Either way D2H then reads the sum where it reads
                    a gradient with one rank: window.grad(u)[lo:hi].
     reduce_rows(buf, n, align)  the embedding's looked-up rows (plan.embedding_rows): the first
                    n elements of the compact gradient `buf`, the same rows on every rank; to
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from slidedp.exec.window import Window
-from slidedp.graph.build import shard_ranges, update_shards
+from slidedp.graph.sizes import shard_ranges, update_shards
 
 
 class Collectives:

@@ -7,7 +7,7 @@ the tasks it owns:
     ADAM, HOST_SUM      update worker w (agent cpu.update{w}): process 0 with
                         update_sharding=rank0 (the published design: one update process);
                         process w // plan.update_workers with update_sharding=sharded, i.e. the
-                        rank whose 1/R share of every unit (build.shard_ranges) the worker updates
+                        rank whose 1/R share of every unit (sizes.shard_ranges) the worker updates
     CAST                into the shared staging ring: process 0 with rank0; with sharded, the
                         process whose update share holds the chunk (the rank that updates a chunk
                         also casts it; the embedding's shares are whole rows when its update is
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from slidedp.graph.build import update_shards
+from slidedp.graph.sizes import update_shards
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.plan import Plan
 

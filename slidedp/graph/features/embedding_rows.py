@@ -68,7 +68,7 @@ class EmbeddingRows(Feature):
     def gpu_memory(wl: Workload, plan: Plan, terms: dict[str, float], wire: int) -> None:
         """The looked-up rows' compact gradient and one upload chunk; an untied embedding keeps
         its gradient there, not in a gradient buffer of its own; with BF16 downloads a tied
-        bulk's chunk is narrowed again into one more BF16 chunk (exec/engine.py)."""
+        bulk's chunk is narrowed again into one more BF16 chunk (exec/features/embedding_rows.py)."""
         m, on = wl.model, plan.splits_embedding
         if on and not m.tie_embeddings:
             terms["grad_buffers"] -= m.unit_params()[0] * 2

@@ -1,4 +1,4 @@
-"""liger-kernel against eager transformers on the GPU (pytest -m gpu; exec/kernels.py).
+"""liger-kernel against eager transformers on the GPU (pytest -m gpu; exec/fused_kernels.py).
 
 A decoder layer of each family through the executor's ModelRunner and PolicyRunner, under
 policies "layer", "none" (what liger's functions save is kept) and "sac" (it keeps the q/k
@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_exec_engine import CONFIGS
 
-from slidedp.exec import kernels as K
+from slidedp.exec import fused_kernels as K
 from slidedp.exec.activations import KeptActivations
 from slidedp.exec.layer_runner import ModelRunner
 from slidedp.exec.loss import IGNORE_INDEX, linear_cross_entropy

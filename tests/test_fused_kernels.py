@@ -1,7 +1,7 @@
-"""plan.kernels on the CPU (exec/kernels.py): the resolution rule and its one-line errors, the
+"""plan.kernels on the CPU (exec/fused_kernels.py): the resolution rule and its one-line errors, the
 module patches and the RoPE dispatcher with exact stand-ins for liger's functions (bit-identical to
 transformers' code, reversible, idempotent), the option through the CLI and the plan file, and the
-hardware file's layer_time kernels tag. liger itself runs in tests/test_kernels_gpu.py."""
+hardware file's layer_time kernels tag. liger itself runs in tests/test_fused_kernels_gpu.py."""
 
 import subprocess
 import sys
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from test_exec_engine import CONFIGS
 from torch.func import functional_call
 
-from slidedp.exec import kernels as K
+from slidedp.exec import fused_kernels as K
 from slidedp.exec.layer_runner import ModelRunner, hf_config
 from slidedp.exec.loss import linear_cross_entropy
 from slidedp.spec.errors import SpecError
