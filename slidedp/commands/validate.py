@@ -53,7 +53,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="with --cross-kind: print only the result "
                    "as JSON (errors in percent of the measured step)")
     p.add_argument("--select", default="*", help="only the cases whose names match this glob (of "
-                   "the cases file; with --predict-only, of the stored case folders)")
+                   "the cases file; with --predict-only or --cross-kind, of the stored case folders)")
     p.set_defaults(func=run)
 
 
