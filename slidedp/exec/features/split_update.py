@@ -18,6 +18,8 @@ takes it (features/deferred_update.py), and whether the norm is non-finite (skip
                with nothing pending or a skipped step, nothing
   HOST_SUM     in place into rank 0's ring chunk, which keeps the sum for the next step
 
+A step takes the pending update over at its start (begin_step): a step that fails leaves the
+state as far as its tasks got, as any failed step does, and nothing of it is applied twice.
 flush() runs the pending commits of this process synchronously, in task order (the engine's
 flush then joins the processes): the host state is then the last step's, as the joined schedule
 leaves it. The trainer flushes before every read of the host state (evaluation, checkpoints,
@@ -63,7 +65,8 @@ class SplitUpdate(DeferredUpdate):
         super().__init__(k)
         g = k.tpl.g
         self.current: StepData | None = None
-        self.pending: Pending | None = None
+        self.pending: Pending | None = None  # the last step's update, to run
+        self.running: Pending | None = None  # what this step's kernels run
         commits: dict[int, list[tuple[int, int, tuple[int, int], int]]] = {}
         for v in (g.kind == Kind.ADAM).nonzero()[0].tolist():
             u, lo, hi = span(k, v)
@@ -85,7 +88,7 @@ class SplitUpdate(DeferredUpdate):
         return out
 
     def begin_step(self, d: StepData, input_ids) -> None:
-        self.current = d
+        self.current, self.running, self.pending = d, self.pending, None
 
     def skips_update(self, grad_sqnorm: float) -> bool:
         """The step's update becomes the pending one (module docstring); whether it is skipped."""
@@ -96,12 +99,12 @@ class SplitUpdate(DeferredUpdate):
         self.pending = Pending(self.current, coef, skip)
         return skip
 
-    def _live(self) -> Pending | None:
-        p = self.pending
+    @staticmethod
+    def _live(p: Pending | None) -> Pending | None:
         return None if p is None or p.skip else p
 
     def update_cast(self, d: StepData, v: int) -> None:
-        p = self._live()
+        p = self._live(self.running)
         if p is None:
             kernels.cast(self.k, d, v)
             return
@@ -117,7 +120,9 @@ class SplitUpdate(DeferredUpdate):
                              a - glo)
 
     def commit(self, d: StepData, v: int) -> None:
-        p = self._live()
+        self._commit(self._live(self.running), v)
+
+    def _commit(self, p: Pending | None, v: int) -> None:
         if p is None:
             return
         k = self.k
@@ -127,9 +132,10 @@ class SplitUpdate(DeferredUpdate):
 
     def flush(self) -> None:
         """This process's pending commits, now, in task order; nothing is pending after."""
-        if self._live() is not None:
+        p = self._live(self.pending)
+        if p is not None:
             for v in self.local_tasks(Kind.ADAM):
-                self.commit(self.pending.data, v)
+                self._commit(p, v)
         self.pending = None
 
     def host_state_changed(self) -> None:
