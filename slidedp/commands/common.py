@@ -11,6 +11,8 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from slidedp.graph.layout import grad_wire_bytes
+from slidedp.spec.elements import FP32_BYTES
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware
 from slidedp.spec.model import load_model
@@ -183,4 +185,10 @@ def describe(r: Resolved) -> str:
             f"offload r={p.offload_ratio:g}"
             f"{f' | update deferred, {p.clip_schedule}' if p.defer_update else ''}"
             f"{' | embedding rows split' if p.splits_embedding else ''} | gradients widened "
-            f"on the {p.grad_widen} | kernels {p.kernels}")
+            f"on the {_widened_on(p, r.workload.gpus)} | kernels {p.kernels}")
+
+
+def _widened_on(p: Plan, ranks: int) -> str:
+    """Where a gradient chunk becomes FP32: the host where BF16 comes down (grad_widen = host,
+    or the split clipping schedule's held gradient), else the GPU."""
+    return "gpu" if grad_wire_bytes(p, ranks) == FP32_BYTES else "host"
