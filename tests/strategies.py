@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from slidedp.spec.hardware import preset_dir
 from slidedp.spec.model import parse_hf_config
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan, UpdateSharding
+from slidedp.spec.plan import ClipSchedule, GradRoute, ParamRoute, Plan, UpdateSharding
 from slidedp.spec.workload import Workload
 
 
@@ -50,6 +50,7 @@ def small_plans(draw):
         update_workers=draw(st.integers(1, 2)),
         host_bf16_copy=draw(st.booleans()),
         defer_update=draw(st.booleans()),
+        clip_schedule=draw(st.sampled_from(list(ClipSchedule))),
     )
 
 

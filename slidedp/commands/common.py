@@ -12,10 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from slidedp.graph.layout import grad_wire_bytes
+from slidedp.spec.elements import FP32_BYTES
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import (
+    ClipSchedule,
     GradRoute,
     GradWiden,
     Kernels,
@@ -66,8 +69,13 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g.add_argument("--host-bf16-copy", action="store_true", default=None,
                    help="keep a BF16 copy on the host written by the update (no cast pass)")
     g.add_argument("--defer-update", action="store_true", default=None,
-                   help="run every update after the whole backward, as exact gradient clipping "
-                   "needs (+4 B/param host memory; train defers whenever it clips)")
+                   help="hold every update until the whole gradient is on the host, as exact "
+                   "gradient clipping needs (train defers whenever it clips)")
+    g.add_argument("--clip-schedule", choices=[e.value for e in ClipSchedule],
+                   help="how a deferred update (clipping) runs: split (the default: each "
+                   "update is cast straight into the next step's forward upload and committed "
+                   "in its backward; +2 B/param host memory) or joined (every update after "
+                   "the backward, before the next step; +4 B/param; the reference)")
     g.add_argument("--no-step-join", action="store_true",
                    help="let step t+1 start under the version gates alone, without the executor's "
                    "join of every agent at the step boundary (a what-if: the executor joins)")
@@ -90,7 +98,7 @@ def add_clip_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-clip", type=float, metavar="X",
                    help="the plan of an optimizer that clips the global gradient norm to X, as "
                    "`slidedp train --grad-clip X` runs it (spec/plan.py plan_for_clipping: every "
-                   "update deferred after the backward); 0: no clipping, as without the option")
+                   "update deferred, by --clip-schedule); 0: no clipping, as without the option")
 
 
 def grad_clip(value: float | None, where: str = "command line",
@@ -157,6 +165,8 @@ def with_plan_options(plan: Plan, args: argparse.Namespace) -> Plan:
             "window_slots": args.window_slots, "offload_ratio": args.offload_ratio,
             "update_workers": args.update_workers, "host_bf16_copy": args.host_bf16_copy,
             "defer_update": getattr(args, "defer_update", None),  # train's options lack it
+            "clip_schedule": getattr(args, "clip_schedule", None) and ClipSchedule(
+                args.clip_schedule),
             "step_join": False if getattr(args, "no_step_join", False) else None,
             "embedding_rows": True if getattr(args, "embedding_rows", False) else None,
             "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen),
@@ -207,9 +217,10 @@ def describe(r: Resolved) -> str:
     return (f"{describe_workload(r.hardware, r.workload)} | "
             f"params {p.param_route}, grads {p.grad_route}, update {p.update_sharding} | chunks "
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
-            f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}"
+            f"offload r={p.offload_ratio:g}"
+            f"{f' | update deferred, {p.clip_schedule}' if p.defer_update else ''}"
             f"{' | embedding rows split' if p.splits_embedding else ''} | gradients widened "
-            f"on the {p.grad_widen} | kernels {p.kernels}")
+            f"on the {_widened_on(p, r.workload.gpus)} | kernels {p.kernels}")
 
 
 def print_choice(r: Resolved) -> None:
@@ -221,3 +232,9 @@ def print_choice(r: Resolved) -> None:
 def with_choice(d: dict, r: Resolved) -> dict:
     """A command's JSON with the default chooser's choice under "plan_choice" (--plan auto-sim)."""
     return d if r.choice is None else d | {"plan_choice": r.choice.to_json()}
+
+
+def _widened_on(p: Plan, ranks: int) -> str:
+    """Where a gradient chunk becomes FP32: the host where BF16 comes down (grad_widen = host,
+    or the split clipping schedule's held gradient), else the GPU."""
+    return "gpu" if grad_wire_bytes(p, ranks) == FP32_BYTES else "host"

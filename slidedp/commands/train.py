@@ -62,7 +62,7 @@ from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
 from slidedp.spec.errors import InfeasiblePlan, SpecError
-from slidedp.spec.plan import GradWiden, Kernels, plan_for_clipping
+from slidedp.spec.plan import ClipSchedule, GradWiden, Kernels, plan_for_clipping
 from slidedp.spec.tomlio import read_toml
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ DEFAULTS = {
     "param_route": None, "grad_route": None, "update_sharding": None, "chunk_mib": None,
     "window_slots": None, "offload_ratio": None, "update_workers": None, "host_bf16_copy": None,
     "skip_nonfinite": 0, "no_save_on_stop": False, "kernels": None, "defer_update": None,
-    "grad_widen": None, "embedding_rows": None, "no_step_join": None,
+    "grad_widen": None, "embedding_rows": None, "no_step_join": None, "clip_schedule": None,
 }
 INTS = {"seq", "global_batch", "micro_batch", "nproc", "timeout", "steps", "warmup_steps", "seed",
         "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers", "skip_nonfinite"}
@@ -94,7 +94,8 @@ BOOLS = {"no_shuffle", "resume", "host_bf16_copy", "no_save_on_stop", "defer_upd
          "embedding_rows", "no_step_join"}
 CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES,
            "kernels": tuple(k.value for k in Kernels),
-           "grad_widen": tuple(g.value for g in GradWiden)}
+           "grad_widen": tuple(g.value for g in GradWiden),
+           "clip_schedule": tuple(c.value for c in ClipSchedule)}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0,
        "skip_nonfinite": 0}
 # what may differ from DIR/config.toml on --resume: how the run executes, where, and for how long;
@@ -105,7 +106,7 @@ RESUME_MAY_CHANGE = ("steps", "nproc", "timeout", "device", "micro_batch", "chec
                      "param_route", "grad_route", "update_sharding", "chunk_mib", "window_slots",
                      "offload_ratio", "update_workers", "host_bf16_copy", "skip_nonfinite",
                      "no_save_on_stop", "kernels", "defer_update", "grad_widen", "embedding_rows",
-                     "no_step_join", "eval_data", "eval_every", "report_to")
+                     "no_step_join", "eval_data", "eval_every", "report_to", "clip_schedule")
 NOT_SAVED = ("out", "resume")  # options of the invocation, not of the run: not in config.toml
 # the data, eval, export and logging options (commands/train_data.py)
 DEFAULTS |= train_data.DEFAULTS
@@ -151,8 +152,10 @@ def register(sub) -> None:
     o.add_argument("--lr-schedule", choices=SCHEDULES, help="after a linear warmup (default cosine)")
     o.add_argument("--warmup-steps", type=int, help="default 10")
     o.add_argument("--grad-clip", type=float,
-                   help="clip the global L2 gradient norm to this (exact: defers the update); "
-                   "0: no clipping (the default)")
+                   help="clip the global L2 gradient norm to this, exactly as clip_grad_norm_ "
+                   "then AdamW: the update waits for the norm and runs by --clip-schedule "
+                   "(split, the default: it overlaps the next step); 0: no clipping (the "
+                   "default)")
     c = p.add_argument_group("checkpoints and output")
     c.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 0: "
                    "only after the last step)")
@@ -315,7 +318,7 @@ def build(opts: dict, source=None):
         "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
         "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
         "host_bf16_copy", "kernels", "defer_update", "grad_widen", "embedding_rows",
-        "no_step_join")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
+        "no_step_join", "clip_schedule")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
         gpus=ranks)
     r = resolve(ns)
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now

@@ -103,7 +103,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
     """Which shared resources each task draws on and how much: the machine's draws (kinds.py)."""
     machine = machine_of(hw, g)
     idx = {n: i for i, n in enumerate(machine.names)}
-    kind_list = list(Kind)  # Kind values are 0..14
+    kind_list = list(Kind)  # Kind values are 0..15
     rules = [KINDS[k] for k in kind_list]
     per_work = {int(k): r.dram_bytes(g, hw) for k, r in KINDS.items() if r.dram_bytes is not None}
     kinds, ranks, work = g.kind.tolist(), g.rank.tolist(), g.work.tolist()
