@@ -85,10 +85,15 @@ class Flow:
     # FluidShare.start)
     copy_bps: tuple[float, ...] = ()
     done: object = field(default=None, repr=False)  # the simpy event fired at completion
+    # fill_speeds' view of `uses`: (resource, weight x demand) and the set of resources
+    wuses: list[tuple[int, float]] = field(init=False, repr=False)
+    rset: frozenset[int] = field(init=False, repr=False)
 
     def __post_init__(self):
         if not self.weight > 0:
             raise ValueError(f"task {self.task}: a flow's weight must be > 0, got {self.weight}")
+        self.wuses = [(j, self.weight * d) for j, d in self.uses]
+        self.rset = frozenset(j for j, _ in self.uses)
         if not self.pools and self.pool >= 0:
             self.pools = ((self.pool, 1.0),)
         elif self.pools and self.pool < 0:
@@ -136,23 +141,28 @@ def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
     saturates or when it reaches its `cap`."""
     left: dict[int, float] = {}
     for f in flows:
-        for j, _ in f.uses:
+        for j in f.rset:
             left[j] = capacity[j]
+    below, above = 1 - REL_EPS, 1 + REL_EPS
     unfrozen = flows
     level = 0.0
     while unfrozen:
         demand: dict[int, float] = {}  # per unit of level
+        get = demand.get
         for f in unfrozen:
-            for j, d in f.uses:
-                demand[j] = demand.get(j, 0.0) + f.weight * d
-        nxt = min(f.cap / f.weight for f in unfrozen)
+            for j, wd in f.wuses:
+                demand[j] = get(j, 0.0) + wd
+        nxt = min([f.cap / f.weight for f in unfrozen])
+        nxt_below, nxt_above = nxt * below, nxt * above
         saturated = set()
         for j, d in demand.items():
             if d > 0:
-                sat = level + max(left[j], 0.0) / d
-                if sat < nxt * (1 - REL_EPS):
+                room = left[j]
+                sat = level + (room if room > 0.0 else 0.0) / d
+                if sat < nxt_below:
                     nxt, saturated = sat, {j}
-                elif sat <= nxt * (1 + REL_EPS):
+                    nxt_below, nxt_above = nxt * below, nxt * above
+                elif sat <= nxt_above:
                     saturated.add(j)
         rise = nxt - level
         for j, d in demand.items():
@@ -160,9 +170,9 @@ def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
         level = nxt
         keep = []
         for f in unfrozen:
-            if (f.cap <= f.weight * level * (1 + REL_EPS)
-                    or any(j in saturated for j, _ in f.uses)):
-                f.speed = min(f.weight * level, f.cap)
+            s = f.weight * level
+            if f.cap <= s * above or (saturated and not saturated.isdisjoint(f.rset)):
+                f.speed = s if s <= f.cap else f.cap
             else:
                 keep.append(f)
         unfrozen = keep
