@@ -222,14 +222,23 @@ class FluidShare:
         fill_speeds(self.flows, self.capacity)
         if self.slowing:
             self._slow_cpu_beside_copies()
-        self.load = [0.0] * len(self.capacity)
-        self.running = {"cpu": 0, "copy": 0}
-        self.pool_threads = dict.fromkeys(self.pools, 0.0)
-        self.slowed = 0
-        for f in self.flows:
-            self._add_load(f, 1.0)
-            if f.speed < 1.0 - REL_EPS:
-                self.slowed += 1
+        load = self.load = [0.0] * len(self.capacity)
+        threads = self.pool_threads = dict.fromkeys(self.pools, 0.0)
+        cpu = copy = slowed = 0
+        for f in self.flows:  # _add_load(f, 1.0) of each flow, in the same order
+            speed = f.speed
+            for j, d in f.uses:
+                load[j] += d * speed
+            if f.pool >= 0:
+                for p, frac in f.pools:
+                    threads[p] += f.threads * frac
+                cpu += 1
+            elif any(b > 0 for b in f.copy_bps):
+                copy += 1
+            if speed < 1.0 - REL_EPS:
+                slowed += 1
+        self.running = {"cpu": cpu, "copy": copy}
+        self.slowed = slowed
 
     def _advance(self) -> None:
         now = self.env.now
