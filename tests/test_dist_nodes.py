@@ -59,7 +59,7 @@ def combos(ranks: int) -> dict[str, Plan]:
         out[name] = Plan(param_route=param, grad_route=grad, update_sharding=upd,
                          update_workers=2 if upd == "rank0" else 1, **base)
     first = names[1] if ranks > 1 else names[0]
-    out[f"{first}-clip"] = replace(out[first], defer_update=True)
+    out[f"{first}-clip"] = replace(out[first], defer_update=True, clip_schedule="joined")
     return out
 
 

@@ -47,12 +47,14 @@ FEATURES: dict[str, dict] = {
     },
     "internode": {
         "names": ("internode", "internode_reduce"),
-        "modules": ("slidedp/graph/features/internode.py",),
+        "modules": ("slidedp/graph/features/internode.py", "slidedp/sim/internode_study.py"),
     },
     # features to come: the names they will bring and where their modules will live
     "topology": {
         "names": ("topology", "socket", "sockets", "numa", "pcie_switch", "root_port"),
         "modules": ("slidedp/graph/topology.py",),
+        # its machine's registration in costs.MACHINES: an import and an entry
+        "declared": {"slidedp/graph/costs.py": ("topology", "TopologyHost")},
     },
     "moe": {
         "names": ("moe", "expert", "experts"),

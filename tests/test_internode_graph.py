@@ -46,7 +46,8 @@ def test_one_node_adds_nothing():
 
 
 @pytest.mark.parametrize("plan", [Plan(), Plan(grad_route="cpu", update_sharding="sharded"),
-                                  Plan(defer_update=True)], ids=["gpu", "cpu-sharded", "defer"])
+                                  Plan(defer_update=True, clip_schedule="joined")],
+                         ids=["gpu", "cpu-sharded", "defer"])
 def test_all_reduce_puts_one_node_reduce_between_each_chunk_and_its_adam(plan):
     g = build_graph(wl(2), plan, 64)
     adams = np.flatnonzero(g.kind == int(Kind.ADAM))
@@ -150,3 +151,8 @@ def test_presets_name_their_nic_source():
     for name in ("h200x8", "a800x8"):
         net = load_hardware(name).network
         assert net.nic_bps > 0 and re.search(r"\w", net.sources["nic_gbps"])
+
+
+def test_the_split_clipping_schedule_is_refused_across_nodes():
+    with pytest.raises(SpecError, match="clip_schedule"):
+        build_graph(wl(2), Plan(defer_update=True), 64)

@@ -24,9 +24,7 @@ class NodeNetwork:
         self.inner = inner
         self.names = [*inner.names, NIC]
         self.capacity = {**inner.capacity, NIC: 1.0}
-        self.dma_slowdown_bps = inner.dma_slowdown_bps
-        self.copy_traffic = inner.copy_traffic
-        self.kernel_dram = inner.kernel_dram
+        self.slowdowns = inner.slowdowns
 
     def draws(self, t: TaskLoad) -> list[tuple[str, float]]:
         if t.load is Load.NIC:

@@ -3,7 +3,8 @@
 A task is (iteration, kind, unit, rank, chunk) with an agent (a serial server: a CUDA stream or
 a CPU worker) and its work in natural units:
     compute kinds        FLOPs                 copies and collectives   bytes
-    CAST, ADAM           parameters            HOST_SUM                 bytes read from DRAM
+    CAST, ADAM,          parameters            HOST_SUM                 bytes read from DRAM
+    UPDATE_CAST
 Units are the streamed pieces of the model: 0 = embedding, 1..L = decoder layers, L+1 = final
 norm + LM head. Fields that do not apply are -1. Edges are typed: DATA (reads what the
 predecessor wrote; the version gate I3 is a DATA edge flagged `gate`), ORDER (program order on
@@ -48,8 +49,9 @@ class Kind(IntEnum):
     HOST_SUM = 12
     D2H = 13
     ADAM = 14
-    NODE_REDUCE = 15  # a node's aggregated gradient chunk, reduced across nodes (NIC)
-    NODE_GATHER = 16  # the new BF16 weights of a chunk, all-gathered across nodes (NIC)
+    UPDATE_CAST = 15  # a pending update's BF16 result into the staging ring (features/split_update.py)
+    NODE_REDUCE = 16  # a node's aggregated gradient chunk, reduced across nodes (NIC)
+    NODE_GATHER = 17  # the new BF16 weights of a chunk, all-gathered across nodes (NIC)
 
 
 class EdgeKind(IntEnum):

@@ -22,6 +22,15 @@ The executor sets it whenever the optimizer clips (AdamWConfig.grad_clip,
 exec/features/deferred_update.py); plan_for_clipping gives the plan of a clipping optimizer
 (`--grad-clip X` on train, predict, simulate and plan; X = 0 is no clipping), `--defer-update`
 sets it alone.
+`clip_schedule` says how a deferred update runs. "split" (default): step t's update of each
+chunk is computed twice from the same inputs: once, after step t's backward, straight into the
+BF16 staging chunk that step t+1's forward uploads (UPDATE_CAST, in the forward order, each gated
+only on its own inputs), once in step t+1's backward into the FP32 master and moments (the
+commit); the held gradient comes down in the compute dtype, exact (2 B/param of host memory
+instead of 4), and the forward's host work is a read of the state with a BF16 write instead of
+an update and a cast (graph/features/split_update.py, docs/graph.md "Clipping schedule").
+"joined": every update after the backward, before the next step (graph/features/
+deferred_update.py): the synchronous reference. A plan with host_bf16_copy runs joined.
 `step_join` (default true) ends every iteration with a join of every agent, as the executor does
 (docs/executor.md, "Step boundary"): nothing of step t+1 starts before all of step t is done. False
 leaves only the per-unit version gates (I3) between iterations: what an executor pipelining
@@ -88,6 +97,11 @@ class Kernels(StrEnum):
     LIGER = "liger"  # liger-kernel's fused RMSNorm, SwiGLU, RoPE, linear + cross-entropy (CUDA)
 
 
+class ClipSchedule(StrEnum):
+    SPLIT = "split"  # the update cast into the next forward's upload, committed in its backward
+    JOINED = "joined"  # every update after the backward, before the next step (the reference)
+
+
 class InternodeReduce(StrEnum):
     ALL_REDUCE = "all_reduce"  # every node sums every chunk and updates the whole model
     REDUCE_SCATTER = "reduce_scatter"  # each node updates 1/K, then all-gathers the new weights
@@ -127,6 +141,7 @@ class Plan:
     embedding_rows: bool = False  # the embedding's update in two parts (see the module docstring)
     grad_widen: GradWiden = GradWiden.GPU  # where a gradient chunk becomes FP32 (docstring)
     kernels: Kernels = Kernels.AUTO  # the layers' and the head's kernels (docstring)
+    clip_schedule: ClipSchedule = ClipSchedule.SPLIT  # how a deferred update runs (docstring)
     internode_reduce: InternodeReduce = InternodeReduce.ALL_REDUCE  # across nodes (docstring)
 
     def __post_init__(self):
@@ -161,6 +176,14 @@ class Plan:
         if self.layer_policies and len(self.layer_policies) != n_layers:
             raise SpecError(where, "layer_policies",
                             f"one policy per decoder layer ({n_layers}), got {len(self.layer_policies)}")
+
+    @property
+    def splits_update(self) -> bool:
+        """Whether a deferred update runs split (clip_schedule): its result cast into the next
+        forward's upload, its commit in the next backward. A host BF16 copy, which the uploads
+        read instead of a cast, leaves it joined."""
+        return (self.defer_update and self.clip_schedule == ClipSchedule.SPLIT
+                and not self.host_bf16_copy)
 
     @property
     def splits_embedding(self) -> bool:
@@ -201,7 +224,7 @@ def team_cores(cores: int) -> int:
 
 _ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
           "activation_policy": ActivationPolicy, "grad_widen": GradWiden, "kernels": Kernels,
-          "internode_reduce": InternodeReduce}
+          "clip_schedule": ClipSchedule, "internode_reduce": InternodeReduce}
 
 
 def parse_plan(data: dict, where: str) -> Plan:

@@ -12,10 +12,12 @@ from slidedp.exec.features import (
     grad_widen,
     internode,
     offload,
+    split_update,
 )
 
 FEATURES = (
     deferred_update.DeferredUpdate,
+    split_update.SplitUpdate,
     grad_widen.WidenOnHost,
     offload.ActivationOffload,
     embedding_rows.SplitEmbedding,

@@ -23,13 +23,16 @@ import torch.distributed as dist
 from slidedp.exec import kernels
 from slidedp.exec.features.base import Feature
 from slidedp.exec.kernels import Context, StepData
+from slidedp.graph.features.internode import check_clip_schedule
 from slidedp.graph.tasks import EdgeKind, Kind
 from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import InternodeReduce, Plan
 
 
 def check_runnable(plan: Plan, nodes: int, where: str = "plan") -> None:
-    """SpecError for an inter-node reduction the executor does not run."""
+    """SpecError for an inter-node reduction the executor does not run (graph/features/
+    internode.py refuses the split clipping schedule across nodes for every command)."""
+    check_clip_schedule(plan, nodes, where)
     if nodes > 1 and plan.internode_reduce != InternodeReduce.ALL_REDUCE:
         raise SpecError(where, "internode_reduce", "all_reduce, the one the executor runs "
                         f"({plan.internode_reduce} is predicted only), got "

@@ -28,9 +28,18 @@ from __future__ import annotations
 from slidedp.graph.features.base import Feature
 from slidedp.graph.tasks import COLLECTIVE_OPS, EdgeKind, Kind
 from slidedp.spec.elements import PARAM_BYTES
+from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import InternodeReduce, Plan
 
 DATA = EdgeKind.DATA
+
+
+def check_clip_schedule(plan: Plan, nodes: int, where: str = "plan") -> None:
+    """The split clipping schedule (graph/features/split_update.py) runs on one node: its
+    pending update has no inter-node reduction, so several nodes take clip_schedule = joined."""
+    if nodes > 1 and plan.splits_update:
+        raise SpecError(where, "clip_schedule", "joined with several nodes (the split schedule "
+                        "runs on one node; --clip-schedule joined), got split")
 
 
 class Internode(Feature):
@@ -42,6 +51,7 @@ class Internode(Feature):
         super().__init__(b)
         self.K = b.wl.nodes
         self.on = self.K > 1
+        check_clip_schedule(b.plan, self.K)
         self.scatter = b.plan.internode_reduce == InternodeReduce.REDUCE_SCATTER
         self.nics: dict[int, int] = {}  # update worker -> its NIC agent
 
