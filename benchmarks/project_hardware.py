@@ -17,10 +17,13 @@ source and into the file's header:
   - the NVLink fabric (kind, link rate, NCCL efficiencies and latency): the measured machine's
     (rings over more ranks are likely slower: collective-bound steps come out optimistic).
 With the measured machine's own GPU count, cores and RAM it only renames the profile (a measured
-preset).
+preset). `--nic-gbps G --nic-source TEXT` adds a [network] table (spec/network.py): the NIC the
+kind's nodes are assumed to have, one node by default, its source saying why (a profile
+measures no network).
 
 usage: python3 benchmarks/project_hardware.py PROFILE.toml OUT.toml --name NAME --gpus N
-           --cores C --ram-gib G --kind "nvidia-h200-x8"
+           --cores C --ram-gib G --kind "nvidia-h200-x8" [--nic-gbps G --nic-latency-us L
+           --nic-source TEXT]
 """
 
 from __future__ import annotations
@@ -106,9 +109,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cores", type=int, required=True)
     ap.add_argument("--ram-gib", type=float, required=True)
     ap.add_argument("--kind", required=True, help="the device kind, e.g. nvidia-h200-x8")
+    ap.add_argument("--nic-gbps", type=float, help="each node's NIC, GB/s per direction")
+    ap.add_argument("--nic-latency-us", type=float, default=5.0)
+    ap.add_argument("--nic-source", help="where the NIC's figures come from (required with it)")
     a = ap.parse_args(argv)
     doc, header = project(tomllib.loads(a.profile.read_text()), a.name, a.gpus, a.cores,
                           a.ram_gib, a.kind)
+    if a.nic_gbps is not None:
+        if not a.nic_source:
+            ap.error("--nic-gbps needs --nic-source")
+        doc["network"] = {"nodes": 1, "nic_kind": "rdma", "nic_gbps": a.nic_gbps,
+                          "nic_latency_us": a.nic_latency_us, "source": a.nic_source}
     a.out.write_text(dumps(doc, header))
     hw = load_hardware(str(a.out))  # it must load as the simulator reads it
     print(f"wrote {a.out}: {hw.name}, {hw.gpu.count} GPUs, {hw.host.cores} cores")

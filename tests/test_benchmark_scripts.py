@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -83,14 +84,17 @@ def test_probe_state_check_times_both_states_interleaved(tmp_path):
 
 
 def test_project_hardware_changes_only_what_the_larger_kind_differs_in(tmp_path):
-    """The h200x8 preset is what project_hardware.py makes of the measured x4 profile; a run with
-    the profile's own GPU count and cores only renames it."""
+    """The h200x8 preset is what project_hardware.py makes of the measured x4 profile (with the
+    preset's assumed NIC); a run with the profile's own GPU count and cores only renames it."""
     from slidedp.spec.hardware import load_hardware
 
     src = "benchmarks/results/2026-11-30-h200x4-profile-2135.toml"
     out = tmp_path / "x8.toml"
+    nic = tomllib.loads((ROOT / "slidedp/presets/hardware/h200x8.toml").read_text())["network"]
     p = _run("benchmarks/project_hardware.py", src, str(out), "--name", "h200x8", "--gpus", "8",
-             "--cores", "128", "--ram-gib", "560", "--kind", "nvidia-h200-x8")
+             "--cores", "128", "--ram-gib", "560", "--kind", "nvidia-h200-x8",
+             "--nic-gbps", str(nic["nic_gbps"]), "--nic-latency-us", str(nic["nic_latency_us"]),
+             "--nic-source", nic["source"])
     assert p.returncode == 0, p.stderr
     assert out.read_text() == (ROOT / "slidedp/presets/hardware/h200x8.toml").read_text()
     x4, x8 = load_hardware(src), load_hardware(str(out))

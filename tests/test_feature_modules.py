@@ -45,6 +45,10 @@ FEATURES: dict[str, dict] = {
         "declared": {"slidedp/graph/tasks.py": ("ACT_OFFLOAD",),
                      "slidedp/graph/kinds.py": ("ACT_OFFLOAD",)},
     },
+    "internode": {
+        "names": ("internode", "internode_reduce"),
+        "modules": ("slidedp/graph/features/internode.py", "slidedp/sim/internode_study.py"),
+    },
     # features to come: the names they will bring and where their modules will live
     "topology": {
         "names": ("topology", "socket", "sockets", "numa", "pcie_switch", "root_port"),

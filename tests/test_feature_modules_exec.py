@@ -34,6 +34,8 @@ FEATURES = {
                          "clip_at"}),
         own=frozenset({"features/deferred_update.py"}),
         allowed={"adamw.py": "AdamWConfig declares grad_clip (the optimizer's option)",
+                 "features/internode.py": "a deferred update's gradient is the ring chunk the "
+                                          "node reduce sums across nodes",
                  "features/split_update.py": "the deferred update's split schedule: it takes "
                                              "the joined one's host sums and clips by grad_clip"}),
     "split_update": FeatureNames(
@@ -46,6 +48,10 @@ FEATURES = {
                  "dist/ownership.py": "UPDATE_CAST runs where the CAST it replaces would",
                  "features/deferred_update.py": "the joined schedule runs where the plan does "
                                                 "not split the update"}),
+    "internode": FeatureNames(
+        names=frozenset({"internode", "NodeReduce", "node_reduce", "NODE_REDUCE", "NODE_GATHER",
+                         "internode_reduce"}),
+        own=frozenset({"features/internode.py"})),
     "grad_widen": FeatureNames(
         names=frozenset({"grad_widen", "GradWiden", "WidenOnHost", "grad_wire_bytes",
                          "download_narrow"}),
@@ -124,7 +130,8 @@ def test_a_features_names_appear_only_in_its_modules_and_its_registration(featur
         lines = identifier_lines(source, spec.names, spec.attrs)
         if rel == REGISTRY:
             tree = ast.parse(source)
-            imports = {n.lineno for n in tree.body if isinstance(n, ast.ImportFrom)}
+            imports = {line for n in tree.body if isinstance(n, ast.ImportFrom)
+                       for line in range(n.lineno, n.end_lineno + 1)}
             assert len(lines - imports) == 1, f"{feature}: register it in one line of {REGISTRY}"
             continue
         if lines:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from slidedp.graph.layout import grad_wire_bytes
@@ -21,6 +21,7 @@ from slidedp.spec.plan import (
     ClipSchedule,
     GradRoute,
     GradWiden,
+    InternodeReduce,
     Kernels,
     ParamRoute,
     Plan,
@@ -46,7 +47,23 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq", type=int, default=DEFAULTS["seq"], help="sequence length (default %(default)s)")
     g.add_argument("--gpus", type=int, help="GPUs used (default: all of the hardware's)")
     g.add_argument("--micro-batch", type=int, default=DEFAULTS["micro_batch"], help="sequences per GPU per micro-step (default %(default)s)")
-    g.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: micro-batch x gpus)")
+    g.add_argument("--global-batch", type=int, help="sequences per optimizer step, over every node (default: micro-batch x gpus x nodes)")
+    add_network_options(p)
+
+
+def add_network_options(p: argparse.ArgumentParser, train: bool = False) -> None:
+    """--nodes and the NIC's fields (spec/network.py); they override the hardware's [network]."""
+    g = p.add_argument_group("nodes and network")
+    g.add_argument("--nodes", type=int, help=(
+        "nodes of --nproc ranks each, started on this host as separate nodes (torchrun agents, "
+        "each with its own host state; default 1)" if train else
+        "nodes the job spans, each one host of --hardware (default: the hardware's, else 1)"))
+    if train:
+        return
+    g.add_argument("--nic-gbps", type=float, help="each node's NIC, GB/s per direction "
+                   "(400 Gb/s = 50; default: the hardware's [network])")
+    g.add_argument("--nic-latency-us", type=float, help="one hop between two nodes, us")
+    g.add_argument("--nic-kind", help="rdma or tcp")
 
 
 def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
@@ -87,6 +104,10 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
                    help="update the embedding in two parts, every row during the backward and "
                    "the looked-up rows after it, so that the step boundary carries only those "
                    "(docs/embedding-rows.md)")
+    g.add_argument("--internode-reduce", choices=[e.value for e in InternodeReduce],
+                   help="with several nodes: all_reduce of each node's aggregated gradient (every "
+                   "node updates everything; the executor's) or reduce_scatter + all-gather of "
+                   "the new BF16 weights (each node updates 1/K; predicted only)")
     g.add_argument("--kernels", choices=[e.value for e in Kernels],
                    help="the layers' and the LM head's kernels: eager (transformers' own), liger "
                    "(liger-kernel's fused ones, CUDA only) or auto (the default: liger on CUDA "
@@ -147,13 +168,23 @@ def positive(value, option: str):
 
 
 def resolve_workload(args: argparse.Namespace, hw: HardwareSpec) -> Workload:
-    """The workload of the workload options on hardware `hw` (SpecErrors name the option)."""
+    """The workload of the workload options on hardware `hw` (SpecErrors name the option); it
+    spans hw.network.nodes nodes."""
     model = load_model(args.model)
     gpus = positive(args.gpus, "--gpus") or hw.gpu.count
     mb = positive(args.micro_batch, "--micro-batch")
-    gb = positive(args.global_batch, "--global-batch") or mb * gpus
+    nodes = hw.network.nodes
+    gb = positive(args.global_batch, "--global-batch") or mb * gpus * nodes
     positive(args.seq, "--seq")
-    return Workload(model, args.seq, gb, mb, gpus, where="command line")
+    return Workload(model, args.seq, gb, mb, gpus, where="command line", nodes=nodes)
+
+
+def with_network(hw: HardwareSpec, args: argparse.Namespace) -> HardwareSpec:
+    """`hw` with the network options (spec/network.py), checked."""
+    net = hw.network.with_options(
+        getattr(args, "nodes", None), getattr(args, "nic_gbps", None),
+        getattr(args, "nic_latency_us", None), getattr(args, "nic_kind", None))
+    return replace(hw, network=net)
 
 
 def with_plan_options(plan: Plan, args: argparse.Namespace) -> Plan:
@@ -170,6 +201,8 @@ def with_plan_options(plan: Plan, args: argparse.Namespace) -> Plan:
             "step_join": False if getattr(args, "no_step_join", False) else None,
             "embedding_rows": True if getattr(args, "embedding_rows", False) else None,
             "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen),
+            "internode_reduce": getattr(args, "internode_reduce", None)
+            and InternodeReduce(args.internode_reduce),
             "kernels": getattr(args, "kernels", None) and Kernels(args.kernels)}
     try:
         return plan.with_overrides(**over)
@@ -188,7 +221,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
     """Specs from the options; every failure is a SpecError naming the option or file. With
     --plan auto-sim, the default chooser's plan (policy/chooser.py) on --hardware, with the
     options given kept fixed."""
-    hw = load_hardware(args.hardware)
+    hw = with_network(load_hardware(args.hardware), args)
     wl = resolve_workload(args, hw)
     chooser = args.plan == AUTO_SIM
     given = args.plan not in (None, DEFAULT, AUTO_SIM)  # a plan file
@@ -207,7 +240,8 @@ def resolve(args: argparse.Namespace) -> Resolved:
 
 def describe_workload(hw: HardwareSpec, w: Workload) -> str:
     """Hardware and workload in one line."""
-    return (f"{hw.name} | {w.model.name} seq {w.seq_len} | {w.gpus} GPU x micro-batch "
+    nodes = f"{w.nodes} nodes x " if w.nodes > 1 else ""
+    return (f"{hw.name} | {w.model.name} seq {w.seq_len} | {nodes}{w.gpus} GPU x micro-batch "
             f"{w.micro_batch} x accum {w.accum_steps} = global batch {w.global_batch}")
 
 

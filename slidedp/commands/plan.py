@@ -26,6 +26,7 @@ from slidedp.commands.common import (
     describe_workload,
     grad_clip,
     resolve_workload,
+    with_network,
 )
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.plan import default_plan, plan_for_clipping
@@ -59,7 +60,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    hw = load_hardware(args.hardware)
+    hw = with_network(load_hardware(args.hardware), args)
     wl = resolve_workload(args, hw)
     cap = cap_bytes(hw, args.gpu_memory_cap_gib)
     print(describe_workload(hw, wl))

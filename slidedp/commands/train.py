@@ -22,6 +22,13 @@ and returns the job's exit status. Each rank (is_rank_process()) runs the Traine
 DistSession; local rank 0 prints and writes the output. A rank that fails stops the others
 (the watchdog of exec/dist/session.py): "slidedp rank R: failed: <cause>", nonzero exit, and
 the launcher's last line names the rank and the cause.
+--nodes K > 1 runs K nodes of --nproc R ranks each on this host, as K torchrun agents joined by
+a c10d rendezvous on localhost (launch.py): each node has its own host state, the global batch
+spans every node (--global-batch: a multiple of micro-batch x nproc x nodes), and the nodes
+sum their gradients over torch.distributed (exec/features/internode.py; --internode-reduce
+all_reduce, the one the executor runs). On GPUs each node gets the next R GPUs. The same rank
+processes run under a torchrun of each host of a real cluster (README: several hosts); the
+run's end prints every node's host state and its master copy's hash, which must agree.
 
 The run directory (exec/rundir.py): --out is locked for the run's lifetime (a second run on it is
 refused, exit 2), and holds config.toml, the resolved options. `--out DIR --resume` reads them
@@ -57,12 +64,12 @@ from typing import TYPE_CHECKING
 
 from slidedp.commands import default_choice, train_data
 from slidedp.commands.autoplan import AUTO, PLAN_FILE, REPORT_FILE, select_plan
-from slidedp.commands.common import add_plan_options, resolve
+from slidedp.commands.common import add_network_options, add_plan_options, resolve
 from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
 from slidedp.spec.errors import InfeasiblePlan, SpecError
-from slidedp.spec.plan import ClipSchedule, GradWiden, Kernels, plan_for_clipping
+from slidedp.spec.plan import ClipSchedule, GradWiden, InternodeReduce, Kernels, plan_for_clipping
 from slidedp.spec.tomlio import read_toml
 
 if TYPE_CHECKING:
@@ -85,8 +92,9 @@ DEFAULTS = {
     "window_slots": None, "offload_ratio": None, "update_workers": None, "host_bf16_copy": None,
     "skip_nonfinite": 0, "no_save_on_stop": False, "kernels": None, "defer_update": None,
     "grad_widen": None, "embedding_rows": None, "no_step_join": None, "clip_schedule": None,
+    "nodes": 1, "internode_reduce": None,
 }
-INTS = {"seq", "global_batch", "micro_batch", "nproc", "timeout", "steps", "warmup_steps", "seed",
+INTS = {"seq", "global_batch", "micro_batch", "nproc", "nodes", "timeout", "steps", "warmup_steps", "seed",
         "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers", "skip_nonfinite"}
 FLOATS = {"lr", "weight_decay", "eps", "grad_clip", "chunk_mib", "offload_ratio",
           "gpu_memory_cap_gib"}
@@ -95,13 +103,14 @@ BOOLS = {"no_shuffle", "resume", "host_bf16_copy", "no_save_on_stop", "defer_upd
 CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES,
            "kernels": tuple(k.value for k in Kernels),
            "grad_widen": tuple(g.value for g in GradWiden),
-           "clip_schedule": tuple(c.value for c in ClipSchedule)}
+           "clip_schedule": tuple(c.value for c in ClipSchedule),
+           "internode_reduce": tuple(r.value for r in InternodeReduce)}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0,
        "skip_nonfinite": 0}
 # what may differ from DIR/config.toml on --resume: how the run executes, where, and for how long;
 # every other option (the model, the data, the batch, the optimizer and its schedule, the seed,
 # the dtype, and any option added later) must keep its value
-RESUME_MAY_CHANGE = ("steps", "nproc", "timeout", "device", "micro_batch", "checkpoint_every",
+RESUME_MAY_CHANGE = ("steps", "nproc", "nodes", "internode_reduce", "timeout", "device", "micro_batch", "checkpoint_every",
                      "keep_checkpoints", "trace", "hardware", "plan", "gpu_memory_cap_gib",
                      "param_route", "grad_route", "update_sharding", "chunk_mib", "window_slots",
                      "offload_ratio", "update_workers", "host_bf16_copy", "skip_nonfinite",
@@ -168,6 +177,7 @@ def register(sub) -> None:
     c.add_argument("--skip-nonfinite", type=int, metavar="N", help="skip up to N steps whose "
                    "gradient norm is NaN or Inf, state untouched (default 0: stop at the first; "
                    "costs the deferred update, see above)")
+    add_network_options(p, train=True)
     train_data.add_options(p)
     add_plan_options(p, auto=True)
     p.set_defaults(func=run)
@@ -302,26 +312,30 @@ def build(opts: dict, source=None):
     import torch
 
     from slidedp.exec.adamw import AdamWConfig
+    from slidedp.exec.features.internode import check_runnable
     from slidedp.exec.fused_kernels import resolve as resolve_kernels
     from slidedp.exec.io import open_model_source
     from slidedp.exec.trainer import BASE_HARDWARE, TrainConfig, local_hardware
 
-    ranks, mb, gb = opts["nproc"], opts["micro_batch"], opts["global_batch"]
-    if gb % (mb * ranks):
-        raise SpecError("command line", "global_batch", f"a multiple of micro_batch x nproc = "
-                        f"{mb} x {ranks} = {mb * ranks}, got {gb}")
-    if opts["device"] == "cuda" and ranks > torch.cuda.device_count():
+    ranks, mb, gb, nodes = opts["nproc"], opts["micro_batch"], opts["global_batch"], opts["nodes"]
+    if gb % (mb * ranks * nodes):
+        across = f" x nodes = {mb} x {ranks} x {nodes}" if nodes > 1 else f" = {mb} x {ranks}"
+        raise SpecError("command line", "global_batch", f"a multiple of micro_batch x nproc"
+                        f"{across} = {mb * ranks * nodes}, got {gb}")
+    local = ranks * (nodes if is_launcher_side() else 1)  # every node on this host: K x R GPUs
+    if opts["device"] == "cuda" and local > torch.cuda.device_count():
         raise SpecError("command line", "--nproc", f"at most the {torch.cuda.device_count()} "
-                        f"CUDA devices of this host (one per rank), got {ranks}")
+                        f"CUDA devices of this host (one per rank, nproc x nodes), got {local}")
     source = source or open_model_source(opts["model"], seed=opts["seed"])
     ns = argparse.Namespace(**{k: opts[k] for k in (
         "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
         "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
         "host_bf16_copy", "kernels", "defer_update", "grad_widen", "embedding_rows",
-        "no_step_join", "clip_schedule")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
-        gpus=ranks)
+        "no_step_join", "clip_schedule", "internode_reduce")},
+        hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"], gpus=ranks)
     r = resolve(ns)
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
+    check_runnable(r.plan, nodes, "command line")
     hw = r.hardware if opts["hardware"] else local_hardware(opts["device"], ranks)
     opt = AdamWConfig(lr=opts["lr"], betas=tuple(opts["betas"]), eps=opts["eps"],
                       weight_decay=opts["weight_decay"], grad_clip=opts["grad_clip"],
@@ -336,8 +350,15 @@ def build(opts: dict, source=None):
         resume=opts["resume"], trace=Path(opts["trace"]) if opts["trace"] else None,
         plan=plan_for_clipping(r.plan, opts["grad_clip"], opts["skip_nonfinite"]),
         hardware=hw, skip_nonfinite=opts["skip_nonfinite"],
-        save_on_stop=not opts["no_save_on_stop"], **train_data.config_fields(opts))
+        save_on_stop=not opts["no_save_on_stop"], nodes=nodes, **train_data.config_fields(opts))
     return cfg, source
+
+
+def is_launcher_side() -> bool:
+    """True in `slidedp train` itself, False in a rank process."""
+    from slidedp.exec.dist import is_rank_process
+
+    return not is_rank_process()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -396,9 +417,10 @@ def _run_locked(opts: dict, out: Path, signals: StopSignals) -> RunEnd:
         source = precheck_data(opts)  # bad data fails now, not after the selection's probes
         opts["plan"] = str(select_plan(opts))
     cfg, source = build(opts, source)
-    if opts["nproc"] > 1:
+    if opts["nproc"] > 1 or opts["nodes"] > 1:
         train_data.precheck(opts, source.model_dir)  # bad data: one line here, not in every rank
-    preflight(cfg, source, opts["nproc"])
+    _, _, host_bytes, _ = preflight(cfg, source, opts["nproc"])
+    check_local_nodes(cfg, host_bytes)
     saved = read_saved_options(out) if opts["resume"] else None
     if saved is not None and saved.get("steps", DEFAULTS["steps"]) != opts["steps"]:
         print(f"steps: {opts['steps']} in all (the run started with {saved.get('steps')}); the "
@@ -407,12 +429,23 @@ def _run_locked(opts: dict, out: Path, signals: StopSignals) -> RunEnd:
         print(f"slidedp train: warning: {warning}", file=sys.stderr, flush=True)
     with writing(out):
         write_config(out, format_config(opts, skip=NOT_SAVED))
-    if opts["nproc"] == 1:
+    if opts["nproc"] == 1 and opts["nodes"] == 1:
         return train(cfg, source, signals=signals)
     overrides = [f"{k}={json.dumps(v)}" for k, v in opts.items() if v is not None]
     code = launch(opts["nproc"], ["-m", "slidedp.cli", "train", *overrides],
-                  env={"OMP_NUM_THREADS": "1"} | dict(os.environ), prog="slidedp train")
+                  env={"OMP_NUM_THREADS": "1"} | dict(os.environ), prog="slidedp train",
+                  nodes=opts["nodes"], gpus_per_node=opts["nproc"] if cfg.device == "cuda"
+                  else None)
     return RunEnd(code)  # the launcher has printed the job's last line
+
+
+def check_local_nodes(cfg: TrainConfig, host_bytes: float) -> None:
+    """InfeasiblePlan when the --nodes K nodes started on this host, one host state each, do
+    not fit its memory together (preflight checked one node's)."""
+    K, have = cfg.nodes, cfg.hardware.host.ram_bytes
+    if K > 1 and K * host_bytes > have:
+        raise InfeasiblePlan(f"host memory of {K} nodes on this host (one host state each)",
+                             K * host_bytes, have, f"one node needs {host_bytes / 2**30:.2f} GiB")
 
 
 def run_rank(args: argparse.Namespace) -> int:
@@ -426,16 +459,25 @@ def run_rank(args: argparse.Namespace) -> int:
     watch_parent()
     opts = resolve_options(args)
     train_data.prepare(opts)
-    opts["nproc"] = int(os.environ["WORLD_SIZE"])
+    world = int(os.environ["WORLD_SIZE"])
+    opts["nproc"] = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    opts["nodes"] = max(1, world // opts["nproc"])
     out, rank = Path(opts["out"]), int(os.environ["RANK"])
     if rank == 0 and LAUNCHER_ENV not in os.environ:  # torchrun started directly: lock here
         RunLock.acquire(out)
     RunLock.hold_rank(out, rank)
-    # on the CPU every rank computes: a share of the cores each (GPUs: dist/ownership.py)
-    threads = (max(1, (os.cpu_count() or 1) // opts["nproc"]) if opts["device"] == "cpu"
-               else None)
-    with DistSession(opts["device"], timeout_s=opts["timeout"], num_threads=threads,
-                     graceful_stop=True) as sess:
+    # on the CPU every rank computes: a share of the cores each, of every rank on this host
+    # (the launcher's nodes all run here; GPUs: dist/ownership.py)
+    here = world if LAUNCHER_ENV in os.environ else opts["nproc"]
+    threads = max(1, (os.cpu_count() or 1) // here) if opts["device"] == "cpu" else None
+    try:
+        session = DistSession(opts["device"], timeout_s=opts["timeout"], num_threads=threads,
+                              graceful_stop=True)
+    except SpecError as e:  # the nodes' rank counts differ: every rank says so and leaves
+        print(f"slidedp train: error: {e}", file=sys.stderr, flush=True)
+        write_report(2, str(e))
+        leave_rank(2)
+    with session as sess:
         cfg, source = build(opts)
         end = train(cfg, source, sess)
     reported = sess.local_rank != 0 or end.line is None or write_report(end.code, end.line)
@@ -508,6 +550,7 @@ def _describe(tr, cfg: TrainConfig, source) -> None:
     gib = 2**30
     resumed = f"; resuming after step {tr.step}" if tr.step else ""
     ranks = f" x {tr.wl.gpus} ranks" if tr.wl.gpus > 1 else ""
+    ranks += f" x {tr.wl.nodes} nodes (a host state each)" if tr.wl.nodes > 1 else ""
     print(f"model {source.where}: {source.spec.total_params():,} parameters; footprint "
           f"{tr.gpu_bytes / gib:.2f} GiB device{ranks}, {tr.host_bytes / gib:.2f} GiB "
           f"host (fits {cfg.hardware.name}){resumed}", flush=True)

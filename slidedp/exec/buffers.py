@@ -71,7 +71,7 @@ class Buffers:
                              embedding_grad=spec.embedding_grad)
         R = wl.gpus
         self.coll = (Collectives(self.window, R, tpl.rank, tpl.g.meta.scatter_update, device,
-                                 dtype) if R > 1 else None)
+                                 dtype, session.node_group) if R > 1 else None)
         x = torch.zeros(wl.micro_batch, wl.seq_len, runner.hidden, device=device, dtype=dtype)
         layout = {p: kept_layout(layer_runner, p, self.window.params(1), x,
                                  runner.rope(wl.seq_len))

@@ -99,7 +99,8 @@ class Engine:
                probe: Probe | None, packed: bool) -> None:
         plan = self._checked(workload, plan, mode, optimizer, host_state, session)
         self.session, self.R = session, workload.gpus
-        self.rank = session.rank if session else 0
+        self.rank = session.local_rank if session else 0  # the graph's rank: within the node
+        self.data_rank = session.rank if session else 0  # its rows of the global batch
         self.device = session.device if session else torch.device(device)
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
@@ -141,9 +142,12 @@ class Engine:
         R = workload.gpus
         for F in FEATURES:
             plan = F.adjust(plan, optimizer)
-        if (session.world_size if session else 1) != R:
+        if (session.local_world_size if session else 1) != R:
             raise SpecError("engine", "session", f"a DistSession of workload.gpus = {R} rank "
-                            "processes (start them with slidedp.exec.dist.launch)")
+                            "processes per node (start them with slidedp.exec.dist.launch)")
+        if (session.nodes if session else 1) != workload.nodes:
+            raise SpecError("engine", "session", f"a DistSession of workload.nodes = "
+                            f"{workload.nodes} nodes, got {session.nodes if session else 1}")
         if session is not None and host_state is None:
             raise SpecError("engine", "host_state", "the session's shared host state "
                             "(DistSession.host_state)")
@@ -168,7 +172,8 @@ class Engine:
         policies = [None] + [parse_policy(self.plan.policy_of(layer))
                              for layer in range(1, runner.n_layers + 1)]
         ctx = Context(self.tpl, self.plan, self.wl, self.opt, self.dtype, runner,
-                      PolicyRunner(runner, None), policies, self.host_state, self.device)
+                      PolicyRunner(runner, None), policies, self.host_state, self.device,
+                      session=self.session)
         enabled = [F for F in FEATURES if F.enabled(ctx)]
         spec = BufferSpec()
         for F in enabled:
@@ -229,8 +234,8 @@ class Engine:
         may_skip = any(f.may_skip_update for f in self.features)
         if counts and not may_skip:
             self.host_state.steps += 1  # this step's update of every unit is done
-        if self.session is not None:
-            loss, sqnorm = self.session.all_reduce_sum([loss, sqnorm])
+        if self.session is not None:  # every node holds the whole norm: its share is 1 / nodes
+            loss, sqnorm = self.session.all_reduce_sum([loss, sqnorm / self.wl.nodes])
         skipped = any([f.skips_update(sqnorm) for f in self.features])  # each one told
         if may_skip:  # counted once the global norm is known; no rank reads the count before
             if counts and not skipped:
@@ -250,11 +255,12 @@ class Engine:
 
     def _step_data(self, input_ids: torch.Tensor, targets: torch.Tensor, n_valid: int,
                    lr: float | None, position_ids: torch.Tensor | None) -> StepData:
-        """This rank's micro-batches on the device and the step's scalars: rank r takes rows
-        [r P, (r + 1) P) of the global batch, P = accum_steps x micro_batch."""
+        """This rank's micro-batches on the device and the step's scalars: rank r (global, over
+        the nodes) takes rows [r P, (r + 1) P) of the global batch, P = accum_steps x
+        micro_batch."""
         wl = self.wl
         mb, rows = wl.micro_batch, wl.accum_steps * wl.micro_batch
-        mine = slice(self.rank * rows, (self.rank + 1) * rows)
+        mine = slice(self.data_rank * rows, (self.data_rank + 1) * rows)
         return StepData(
             iteration=self.iteration, lr=self.opt.lr if lr is None else lr, scale=1.0 / n_valid,
             adam_step=(self.host_state.steps + 1).tolist(),

@@ -41,6 +41,7 @@ class Context:
     host_state: HostState
     device: torch.device
     bufs: Buffers | None = None  # reserved once the plan features have set the BufferSpec
+    session: object = None  # the rank process's DistSession (None: one process)
     # download(k, v, src, mask): a gradient chunk into D2H v's ring chunk (a feature may set it)
     download: Callable = field(default_factory=lambda: download)
     cuda: bool = field(init=False)

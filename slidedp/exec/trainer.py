@@ -32,13 +32,18 @@ the export; a step after a flush starts with nothing pending.
 
 R > 1 (`slidedp train --nproc R`): every rank process runs a Trainer with its DistSession.
 Every rank reads the same global batches (the Engine picks its rows); local rank 0 creates and
-fills the one shared host state (DistSession.host_state) and alone writes metrics.jsonl (with
-host_pss_bytes summed over the ranks), the checkpoints (from the shared state, after step()
-returned on every rank), the trace (its own tasks) and the export.
+fills the one shared host state (DistSession.host_state), and rank 0 (the lead) alone writes
+metrics.jsonl (with host_pss_bytes summed over the ranks), the checkpoints (from the shared
+state, after step() returned on every rank), the trace (its own tasks) and the export. With
+several nodes (`--nodes K`) each node's local rank 0 fills its node's host state from the same
+source (the same seed, or the same checkpoint: a checkpoint does not depend on the node count),
+the nodes' states stay identical (exec/features/internode.py), and node 0's rank 0 writes the
+job's one checkpoint, as one node would (the same files, the same atomicity).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -111,6 +116,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: after the last step only
     save_dtype: str | None = None  # the export's dtype; None: dtype
     report_to: str = "none"  # exec/report.py: a tracker beside metrics.jsonl (the lead's)
+    nodes: int = 1  # nodes of the job, each of `ranks` rank processes and its own host state
 
     @property
     def checkpoint_root(self) -> Path:
@@ -143,7 +149,8 @@ def preflight(cfg: TrainConfig, source: ModelSource, ranks: int
               ) -> tuple[Workload, float, float, Path | None]:
     """(workload, GPU bytes, host bytes, checkpoint to resume from or None): the checks that
     read nothing large (module docstring, step 1), also run by `slidedp train --nproc R` before
-    it starts the ranks. The workload spans `ranks` rank processes; SpecError / InfeasiblePlan
+    it starts the ranks. The workload spans `ranks` rank processes on each of cfg.nodes nodes
+    (the host bytes are one node's: its host state); SpecError / InfeasiblePlan
     on bad input, a plan that does not fit, too little disk, --resume without a checkpoint, or
     an earlier run in --out without --resume."""
     try:
@@ -152,7 +159,7 @@ def preflight(cfg: TrainConfig, source: ModelSource, ranks: int
         raise SpecError(source.where, e.field, e.expected) from None
     check_positions(cfg, source)
     wl = Workload(source.spec, cfg.seq, cfg.global_batch, cfg.micro_batch, ranks,
-                  where="command line")
+                  where="command line", nodes=cfg.nodes)
     gpu_bytes, host_bytes = check_fits(cfg.hardware, wl, cfg.plan)
     ckpt = latest_checkpoint(cfg.checkpoint_root)
     if cfg.resume and ckpt is None:
@@ -213,9 +220,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, source: ModelSource, session: DistSession | None = None):
         self.cfg, self.source, self.session = cfg, source, session
-        self.lead = session is None or session.local_rank == 0
+        self.lead = session is None or session.rank == 0
         self.wl, self.gpu_bytes, self.host_bytes, ckpt = preflight(
-            cfg, source, session.world_size if session else 1)
+            cfg, source, session.local_world_size if session else 1)
         data = open_tokens(cfg.data, cfg.seq, source.spec.vocab_size, source.model_dir,
                            cfg.data_options)
         eval_data = None if cfg.eval_data is None else open_tokens(
@@ -334,6 +341,7 @@ class Trainer:
                 if log is not None:
                     log.close()
             self.engine.flush()  # every rank; the export reads the host state
+            self.check_nodes()
             if self.lead:
                 if cfg.trace is not None and self.last is not None:
                     with writing(cfg.trace):
@@ -394,6 +402,29 @@ class Trainer:
                "the gradient norm was finite, so the update was applied")
         return RunEnd(EXIT_FAILED, f"step {self.step}: {' and '.join(bad)} ({why}); stopped "
                                    f"without saving: {kept}, no final model written")
+
+    def check_nodes(self) -> None:
+        """With several nodes (every rank calls it): the lead prints each node's host state and
+        the BLAKE2b of its master copy; a RunError on every rank when they differ (the nodes'
+        updates must keep them identical)."""
+        sess = self.session
+        if sess is None or sess.nodes == 1:
+            return
+        hs = self.engine.host_state
+        digest = None
+        if sess.local_rank == 0:
+            h = hashlib.blake2b(digest_size=16)
+            for u in range(hs.n_units):
+                h.update(hs.unit_master(u).numpy())
+            digest = h.hexdigest()
+        every = [(n, d) for n, d in sess.all_gather((sess.node_rank, digest)) if d is not None]
+        if self.lead:
+            print("nodes: " + "; ".join(f"node {n} host state {sess.node_names[n]}.state, "
+                                        f"master blake2b {d}" for n, d in sorted(every)),
+                  flush=True)
+        if len({d for _, d in every}) > 1:
+            raise RunError("the nodes' master copies differ after the last step: "
+                           + ", ".join(f"node {n} {d}" for n, d in sorted(every)))
 
     def save_checkpoint(self) -> Path:
         hs = self.engine.host_state

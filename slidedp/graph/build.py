@@ -174,6 +174,7 @@ class Builder:
             self.rec.read_by(c.src, a)
             if self.rec.kind_of(c.src) == Kind.D2H:
                 self.d2h_rings[c.ring].readers[c.slot].append(a)
+        self.rec.edges(c.after, a, DATA)
         return a
 
     def reduce_and_update(self, t: int, u: int, bwd: list[int], gbuf: tuple | None,
@@ -220,6 +221,8 @@ class Builder:
                     self.d2h_rings[(r, w)].readers[j].append(src)
             c = GradChunk(t, u, p.first_chunk + k, w, lo, hi, src, (r0, w), i, p.rows,
                           round((p.extra + p.scale - 1.0) * (hi - lo)))
+            for f in self.features:
+                f.before_update(c)
             yield None if any(f.hold_chunk(c) for f in self.features) else (self.adam(c), lo, hi)
         if gbuf is not None:
             for r in range(R):

@@ -24,6 +24,7 @@ from slidedp.graph.kinds import (
     TaskLoad,
     task_core_share,
 )
+from slidedp.graph.nic import with_nic
 from slidedp.graph.rates import flops_per_hbm_byte, task_gaps_s
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.graph.topology import TopologyHost
@@ -59,8 +60,9 @@ class ResourceUse:
 
 
 def machine_of(hw: HardwareSpec, g: TaskGraph) -> Machine:
-    """The first machine of MACHINES that describes `hw`."""
-    return next(m for make in MACHINES if (m := make(hw, g)) is not None)
+    """The first machine of MACHINES that describes `hw`, with the node's NIC when the graph
+    spans several nodes (graph/nic.py)."""
+    return with_nic(next(m for make in MACHINES if (m := make(hw, g)) is not None), g)
 
 
 def held_cores(g: TaskGraph) -> np.ndarray:
@@ -103,7 +105,7 @@ def resource_use(g: TaskGraph, hw: HardwareSpec, durations: np.ndarray) -> Resou
     """Which shared resources each task draws on and how much: the machine's draws (kinds.py)."""
     machine = machine_of(hw, g)
     idx = {n: i for i, n in enumerate(machine.names)}
-    kind_list = list(Kind)  # Kind values are 0..15
+    kind_list = list(Kind)  # Kind values are 0..len(Kind) - 1
     rules = [KINDS[k] for k in kind_list]
     per_work = {int(k): r.dram_bytes(g, hw) for k, r in KINDS.items() if r.dram_bytes is not None}
     kinds, ranks, work = g.kind.tolist(), g.rank.tolist(), g.work.tolist()

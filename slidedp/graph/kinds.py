@@ -11,7 +11,8 @@ read it, never a ladder of their own over kinds:
                 idx of the kind: seconds(c: KindInputs, idx) -> array (the rules below)
     load        how it loads the machine: GPU (its rank's compute stream), H2D / D2H (a copy
                 between the host and its rank's GPU), CPU (a kernel of a team of threads on the
-                host's cores and memory), COLLECTIVE (over the GPU fabric)
+                host's cores and memory), COLLECTIVE (over the GPU fabric), NIC (over the node's
+                network interface, both directions: graph/nic.py adds it to every machine)
     team        CPU kinds: the team share it runs at (sizes.team_share of the cast team or of an
                 update worker's team: a team larger than the cores left to it waits on its
                 preempted threads); None: 1
@@ -98,6 +99,7 @@ class Load(Enum):
     D2H = "d2h"
     CPU = "cpu"
     COLLECTIVE = "collective"
+    NIC = "nic"
 
 
 class TaskLoad(NamedTuple):
@@ -214,6 +216,11 @@ def _collective_s(c: KindInputs, idx: np.ndarray) -> np.ndarray:
                      for v in idx])
 
 
+def _node_collective_s(c: KindInputs, idx: np.ndarray) -> np.ndarray:
+    g, net = c.g, c.hw.network
+    return np.array([net.collective_s(COLLECTIVE_OPS[g.op[v]], g.work[v]) for v in idx])
+
+
 # ---- CPU kinds: host-memory bytes per unit of work, rate against threads, weight
 def _cast_dram(g: TaskGraph, hw: HardwareSpec) -> float:
     return hw.host.cast_dram_bytes_per_elem
@@ -279,6 +286,8 @@ KINDS: dict[Kind, KindRule] = {
                         _adam_dram, _adam_rate),
     Kind.UPDATE_CAST: KindRule(C.UPLOAD, "cast", "parameters", _update_cast_s, Load.CPU,
                                _cast_team, _update_cast_dram, _update_cast_rate),
+    Kind.NODE_REDUCE: KindRule(C.REDUCTION, "nic", "bytes", _node_collective_s, Load.NIC),
+    Kind.NODE_GATHER: KindRule(C.UPLOAD, "nic", "bytes", _node_collective_s, Load.NIC),
 }
 
 # derived views of the table
@@ -286,7 +295,9 @@ CHANNELS = np.array([int(KINDS[k].channel) for k in Kind])  # CHANNELS[g.kind]: 
 CHANNEL_NAMES = [KINDS[k].channel.name for k in Kind]  # CHANNEL_NAMES[kind]
 COPY_KINDS = frozenset(k for k, r in KINDS.items() if r.load in (Load.H2D, Load.D2H))
 COLLECTIVE_KINDS = frozenset(k for k, r in KINDS.items() if r.load == Load.COLLECTIVE)
-MOVING_KINDS = tuple(k for k in Kind if k in COPY_KINDS | COLLECTIVE_KINDS)  # bytes between devices
+NIC_KINDS = frozenset(k for k, r in KINDS.items() if r.load == Load.NIC)
+# bytes between devices, and between nodes
+MOVING_KINDS = tuple(k for k in Kind if k in COPY_KINDS | COLLECTIVE_KINDS | NIC_KINDS)
 
 
 def task_core_share(g: TaskGraph) -> np.ndarray:

@@ -8,7 +8,7 @@ edge runs from an older task to a newer one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -155,3 +155,4 @@ class GradChunk:
     slot: int  # its slot in that ring (-1: none)
     rows: bool = False
     extra: int = 0  # ADAM work beyond the chunk's elements
+    after: list[int] = field(default_factory=list)  # tasks between src and the ADAM (DATA)

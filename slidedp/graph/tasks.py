@@ -50,6 +50,8 @@ class Kind(IntEnum):
     D2H = 13
     ADAM = 14
     UPDATE_CAST = 15  # a pending update's BF16 result into the staging ring (features/split_update.py)
+    NODE_REDUCE = 16  # a node's aggregated gradient chunk, reduced across nodes (NIC)
+    NODE_GATHER = 17  # the new BF16 weights of a chunk, all-gathered across nodes (NIC)
 
 
 class EdgeKind(IntEnum):
@@ -59,8 +61,9 @@ class EdgeKind(IntEnum):
     JOIN = 3  # the step boundary: the last task of every agent in t before the first ones of t+1
 
 
-# agent name prefixes: gpu{r}.compute, gpu{r}.h2d, gpu{r}.d2h, fabric, cpu.cast{w}, cpu.update{w}
-AGENT_KINDS = ("compute", "h2d", "d2h", "fabric", "cast", "update")
+# agent name prefixes: gpu{r}.compute, gpu{r}.h2d, gpu{r}.d2h, fabric, cpu.cast{w}, cpu.update{w},
+# nic{w} (update worker w's inter-node collectives: graph/features/internode.py)
+AGENT_KINDS = ("compute", "h2d", "d2h", "fabric", "cast", "update", "nic")
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class GraphMeta:
     grad_wire_bytes: int = 4  # bytes per element of a downloaded gradient chunk
     embedding_grad_align: int = 1  # the embedding's gradient chunks are multiples of this
     kernels: str = "eager"  # the layers' kernels (plan.kernels): which measured layer times apply
+    nodes: int = 1  # nodes the job spans (workload.nodes): > 1 adds the inter-node tasks
 
 
 @dataclass

@@ -194,7 +194,7 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     names = use.names
     pools = {i for i, n in enumerate(names) if n.endswith(".cores")}
     compute_of = [names.index(f"gpu{r}.compute") for r in range(g.n_ranks)]
-    rules = [KINDS[k] for k in Kind]  # Kind values are 0..15
+    rules = [KINDS[k] for k in Kind]  # Kind values are 0..len(Kind) - 1
     weights = [1.0 if r.weight is None else r.weight(hw, g) for r in rules]
     curves: dict[tuple[int, float], Callable[[float], float]] = {}  # (kind, work) -> curve
     work = g.work.tolist()

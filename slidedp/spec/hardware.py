@@ -56,6 +56,8 @@ Schema (units in names):
   [fabric]    kind = pcie | nvlink-pairs | nvswitch, link_gbps (per GPU, per direction),
               cross_pair_gbps (nvlink-pairs: rate between pairs, over PCIe), latency_us,
               efficiency = {all_gather, reduce_scatter, reduce, all_reduce}  (fraction of link_gbps)
+  [network]   (optional) nodes, nic_kind, nic_gbps, nic_latency_us: the nodes a job spans and
+              each node's NIC (schema in slidedp/spec/network.py; without it: one node)
   [topology]  (optional) sockets, the PCIe tree and the GPU links: schema in
               slidedp/spec/topology.py; without it the flat spec is one socket and one switch
               (HardwareSpec.topology)
@@ -74,6 +76,7 @@ from slidedp.spec.curves import RateCurve, log_between
 from slidedp.spec.errors import SpecError
 from slidedp.spec.gpu_ops import GpuOps, parse_gpu_ops
 from slidedp.spec.host import HostSpec, parse_host
+from slidedp.spec.network import NetworkSpec, parse_network
 from slidedp.spec.tomlio import Table, read_toml, sources_of, triples
 from slidedp.spec.topology import Topology, flat_topology, parse_topology
 from slidedp.spec.units import GB, GIB, MIB
@@ -240,6 +243,7 @@ class HardwareSpec:
     origin: str = field(default="", compare=False)
     # the file's [topology] table; None: the flat spec stands for one (topology)
     explicit_topology: Topology | None = None
+    network: NetworkSpec = field(default_factory=NetworkSpec)  # the nodes and their NICs
 
     @property
     def topology(self) -> Topology:
@@ -346,8 +350,9 @@ def parse_hardware(data: dict, where: str) -> HardwareSpec:
     host, fabric = parse_host(root.sub("host")), _fabric(root.sub("fabric"))
     topology = (parse_topology(root.sub("topology"), gpu.count, pcie, host, fabric.kind)
                 if root.has("topology") else None)
+    network = parse_network(root.sub("network") if root.has("network") else None)
     spec = HardwareSpec(name, desc, gpu, pcie, host, fabric, origin=where,
-                        explicit_topology=topology)
+                        explicit_topology=topology, network=network)
     root.done()
     return spec
 

@@ -57,6 +57,12 @@ FP32 (graph.build.grad_wire_bytes).
 RoPE and linear + cross-entropy; CUDA only) or "auto" (the default: liger on a CUDA device where
 liger-kernel imports, else eager). The profile times the layer with the kernels it ran and tags the
 row (spec/hardware.py, gpu.layer_time.kernels), and the cost model takes the plan's kernels' rows.
+`internode_reduce` says how the nodes of a job of several (workload.nodes > 1) combine their
+node-aggregated gradients over the network (graph/features/internode.py): "all_reduce" (default)
+sums every chunk on every node, and every node updates the whole model on its own host state;
+"reduce_scatter" gives each node the sum of 1/K of each chunk, which it alone updates, and the
+nodes all-gather the new BF16 weights. The executor runs all_reduce; reduce_scatter is predicted
+only (the executor refuses it).
 """
 
 from __future__ import annotations
@@ -96,6 +102,11 @@ class ClipSchedule(StrEnum):
     JOINED = "joined"  # every update after the backward, before the next step (the reference)
 
 
+class InternodeReduce(StrEnum):
+    ALL_REDUCE = "all_reduce"  # every node sums every chunk and updates the whole model
+    REDUCE_SCATTER = "reduce_scatter"  # each node updates 1/K, then all-gathers the new weights
+
+
 class UpdateSharding(StrEnum):
     RANK0 = "rank0"
     SHARDED = "sharded"
@@ -131,6 +142,7 @@ class Plan:
     grad_widen: GradWiden = GradWiden.GPU  # where a gradient chunk becomes FP32 (docstring)
     kernels: Kernels = Kernels.AUTO  # the layers' and the head's kernels (docstring)
     clip_schedule: ClipSchedule = ClipSchedule.SPLIT  # how a deferred update runs (docstring)
+    internode_reduce: InternodeReduce = InternodeReduce.ALL_REDUCE  # across nodes (docstring)
 
     def __post_init__(self):
         checks = {
@@ -212,7 +224,7 @@ def team_cores(cores: int) -> int:
 
 _ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
           "activation_policy": ActivationPolicy, "grad_widen": GradWiden, "kernels": Kernels,
-          "clip_schedule": ClipSchedule}
+          "clip_schedule": ClipSchedule, "internode_reduce": InternodeReduce}
 
 
 def parse_plan(data: dict, where: str) -> Plan:

@@ -1,8 +1,10 @@
-"""Workload: which model, how many tokens per step, on how many GPUs.
+"""Workload: which model, how many tokens per step, on how many GPUs of how many nodes.
 
-global_batch counts sequences per optimizer step; micro_batch counts sequences per GPU per
-forward/backward; the difference is covered by gradient accumulation:
-    accum_steps = global_batch / (micro_batch * gpus)   (must be an integer >= 1).
+global_batch counts sequences per optimizer step, over every node; micro_batch counts sequences
+per GPU per forward/backward; gpus counts the GPUs of one node (the rank processes sharing its
+host state) and nodes the nodes (each with its own host state, reduced over the network:
+graph/features/internode.py); the difference is covered by gradient accumulation:
+    accum_steps = global_batch / (micro_batch * gpus * nodes)   (must be an integer >= 1).
 """
 
 from __future__ import annotations
@@ -21,22 +23,24 @@ class Workload:
     micro_batch: int
     gpus: int
     where: str = "workload"
+    nodes: int = 1
 
     def __post_init__(self):
-        for f in ("seq_len", "global_batch", "micro_batch", "gpus"):
+        for f in ("seq_len", "global_batch", "micro_batch", "gpus", "nodes"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpecError(self.where, f, f"a positive integer, got {v!r}")
-        per_step = self.micro_batch * self.gpus
+        per_step = self.micro_batch * self.gpus * self.nodes
         if self.global_batch % per_step:
+            across = " x nodes" if self.nodes > 1 else ""
             raise SpecError(
                 self.where, "global_batch",
-                f"a multiple of micro_batch x gpus = {per_step}, got {self.global_batch}",
+                f"a multiple of micro_batch x gpus{across} = {per_step}, got {self.global_batch}",
             )
 
     @property
     def accum_steps(self) -> int:
-        return self.global_batch // (self.micro_batch * self.gpus)
+        return self.global_batch // (self.micro_batch * self.gpus * self.nodes)
 
     @property
     def tokens_per_step(self) -> int:

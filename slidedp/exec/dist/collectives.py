@@ -1,4 +1,5 @@
-"""The fabric agent's collectives, in place on the window's buffers (default process group).
+"""The fabric agent's collectives, in place on the window's buffers (the node's process group:
+DistSession.node_group, whose ranks are the node's local ranks 0..R-1).
 
 The comm thread calls them inside its comm stream's context (interpreter.py): with NCCL the
 collective waits for the work already on the comm stream and, being synchronous (async_op=False),
@@ -32,8 +33,9 @@ from slidedp.graph.sizes import shard_ranges, update_shards
 
 class Collectives:
     def __init__(self, window: Window, ranks: int, rank: int, scatter: bool,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, group=None):
         self.window, self.R, self.rank, self.scatter = window, ranks, rank, scatter
+        self.group = group  # None: the default group
         largest = max(lay.numel for lay in window.layouts)
         self.scatter_out = (torch.empty(largest // ranks, device=device, dtype=dtype)
                             if scatter else None)
@@ -43,34 +45,35 @@ class Collectives:
         n, R = slot.numel(), self.R
         if n % R == 0:
             s = n // R
-            dist.all_gather_into_tensor(slot, slot[self.rank * s:(self.rank + 1) * s])
+            dist.all_gather_into_tensor(slot, slot[self.rank * s:(self.rank + 1) * s],
+                                        group=self.group)
             return
         for p, (lo, hi) in enumerate(shard_ranges(n, R)):
-            dist.broadcast(slot[lo:hi], src=p)
+            dist.broadcast(slot[lo:hi], group=self.group, group_src=p)
 
     def reduce(self, unit: int, align: int = 1) -> None:
         grad = self.window.grad(unit)
         n, R = grad.numel(), self.R
         if not self.scatter:
-            dist.reduce(grad, dst=0)
+            dist.reduce(grad, group=self.group, group_dst=0)
             return
         if n % R == 0 and align == 1:
             s = n // R
             out = self.scatter_out[:s]
-            dist.reduce_scatter_tensor(out, grad)
+            dist.reduce_scatter_tensor(out, grad, group=self.group)
             grad[self.rank * s:(self.rank + 1) * s].copy_(out)
             return
-        _reduce_shares(grad, update_shards(n, R, align))  # (whole rows: a split embedding's bulk)
+        self._reduce_shares(grad, update_shards(n, R, align))  # (whole rows: an embedding's bulk)
 
     def reduce_rows(self, buf: torch.Tensor, n: int, align: int) -> None:
         if not self.scatter:
-            dist.reduce(buf[:n], dst=0)
+            dist.reduce(buf[:n], group=self.group, group_dst=0)
             return
-        _reduce_shares(buf, [(lo, min(hi, n)) for lo, hi in update_shards(len(buf), self.R, align)])
+        self._reduce_shares(buf, [(lo, min(hi, n))
+                                  for lo, hi in update_shards(len(buf), self.R, align)])
 
-
-def _reduce_shares(buf: torch.Tensor, shares: list[tuple[int, int]]) -> None:
-    """Share p of buf, [lo, hi), summed into rank p's buffer (empty shares skipped)."""
-    for p, (lo, hi) in enumerate(shares):
-        if hi > lo:
-            dist.reduce(buf[lo:hi], dst=p)
+    def _reduce_shares(self, buf: torch.Tensor, shares: list[tuple[int, int]]) -> None:
+        """Share p of buf, [lo, hi), summed into rank p's buffer (empty shares skipped)."""
+        for p, (lo, hi) in enumerate(shares):
+            if hi > lo:
+                dist.reduce(buf[lo:hi], group=self.group, group_dst=p)

@@ -1,6 +1,16 @@
 """Start one process per GPU with torchrun (torch.distributed.run), standalone on this host, and
 see the job to its end: nothing left running, one line saying how it ended.
 
+With nodes = K > 1 it starts K torchrun agents on this host instead, each a node of `nproc`
+ranks with its own host state (DistSession), joined by a c10d rendezvous on localhost at a free
+port (node 0's agent holds the rendezvous store: is_host), as K hosts of a cluster would be:
+    python -m torch.distributed.run --nnodes K --node-rank i --rdzv-backend c10d
+        --rdzv-endpoint localhost:PORT --rdzv-id ID --nproc-per-node N ... ARGV
+With gpus_per_node, node i sees the GPUs i N .. (i + 1) N - 1 of this host (CUDA_VISIBLE_DEVICES).
+Everything below holds per agent: the launcher relays signals to every node's ranks, waits for
+every agent, and a rank recognizes any of them as its launcher. A node whose agent dies stops
+the others through the job's store (session.py: other nodes).
+
 `launch(nproc, argv)` runs
     python -m torch.distributed.run --standalone --nproc-per-node N --monitor-interval 5 ARGV
 as a child of this process (the launcher: `slidedp train --nproc N`) and returns the job's exit
@@ -36,6 +46,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,21 +66,38 @@ PR_SET_PDEATHSIG = 1
 TORCHRUN_PID = "torchrun.pid"  # beside the report: the ranks' expected parent
 
 
-def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:
+def torchrun_argv(nproc: int, argv: list[str], node: tuple[int, int, int, str] | None = None
+                  ) -> list[str]:
+    """torchrun's command line: standalone, or node = (node rank, nodes, port, job id) of a
+    c10d rendezvous on localhost."""
     if nproc < 1:
         raise ValueError(f"launch: nproc must be >= 1, got {nproc}")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    where = ["--standalone"]
+    if node is not None:
+        i, nodes, port, job = node
+        where = [f"--nnodes={nodes}", f"--node-rank={i}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint=localhost:{port}", f"--rdzv-id={job}",
+                 f"--rdzv-conf=is_host={int(i == 0)}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
             f"--nproc-per-node={nproc}", f"--monitor-interval={MONITOR_INTERVAL_S}", *argv]
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (the rendezvous binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---- the launcher ---------------------------------------------------------------------------
 
 
 class _Relay:
-    """The launcher's handlers for RELAYED signals (module docstring: Lifetimes)."""
+    """The launcher's handlers for RELAYED signals (module docstring: Lifetimes), for every
+    node's torchrun."""
 
-    def __init__(self, proc: subprocess.Popen):
-        self.proc, self.first, self.count = proc, None, 0
+    def __init__(self, procs: list[subprocess.Popen]):
+        self.procs, self.first, self.count = procs, None, 0
         self.ranks: set[int] = set()  # rank pids seen so far
         main = threading.current_thread() is threading.main_thread()
         self._old = {s: signal.signal(s, self._handler) for s in RELAYED} if main else {}
@@ -77,13 +105,14 @@ class _Relay:
     def _handler(self, signum: int, frame) -> None:
         self.count += 1
         self.first = self.first or signum
-        ranks = children(self.proc.pid)
-        if self.count >= 3:
-            for pid in [*ranks, self.proc.pid]:
-                _kill(pid, signal.SIGKILL)
-        else:
-            for pid in ranks or [self.proc.pid]:
-                _kill(pid, signal.SIGTERM)
+        for proc in self.procs:
+            ranks = children(proc.pid)
+            if self.count >= 3:
+                for pid in [*ranks, proc.pid]:
+                    _kill(pid, signal.SIGKILL)
+            else:
+                for pid in ranks or [proc.pid]:
+                    _kill(pid, signal.SIGTERM)
 
     def restore(self) -> None:
         for s, old in self._old.items():
@@ -91,38 +120,66 @@ class _Relay:
 
 
 def launch(nproc: int, argv: list[str], env: dict[str, str] | None = None,
-           timeout_s: float | None = None, prog: str = "slidedp") -> int:
-    """Run ARGV in `nproc` rank processes (module docstring); the job's exit status: 128 + the
-    first relayed signal, else the rank report's code when there is one, else torchrun's (1 if
-    it was killed). The one-line outcome is printed last. Past `timeout_s` the job is stopped
-    and subprocess.TimeoutExpired raised."""
+           timeout_s: float | None = None, prog: str = "slidedp", nodes: int = 1,
+           gpus_per_node: int | None = None) -> int:
+    """Run ARGV in `nproc` rank processes on each of `nodes` nodes (module docstring); the job's
+    exit status: 128 + the first relayed signal, else the rank report's code when there is one,
+    else torchrun's (1 if one was killed). The one-line outcome is printed last. Past
+    `timeout_s` the job is stopped and subprocess.TimeoutExpired raised."""
     with tempfile.TemporaryDirectory(prefix="slidedp-launch-") as tmp:
         report = Path(tmp) / "report.json"
         me = os.getpid()
         env = dict(os.environ if env is None else env) | {
             LAUNCHER_ENV: f"{me}:{process_start(me)}", REPORT_ENV: str(report)}
-        proc = subprocess.Popen(torchrun_argv(nproc, argv), env=env, start_new_session=True)
-        (Path(tmp) / TORCHRUN_PID).write_text(str(proc.pid))
-        relay = _Relay(proc)
+        procs = _start(nproc, argv, env, nodes, gpus_per_node)
+        (Path(tmp) / TORCHRUN_PID).write_text("\n".join(str(p.pid) for p in procs))
+        relay = _Relay(procs)
         try:
-            rc = _wait(proc, relay, timeout_s)
+            rcs = [_wait(p, relay, timeout_s) for p in procs]
         except BaseException:  # a timeout, or an error of the launcher itself
-            _stop(proc)
+            for p in procs:
+                _stop(p)
             raise
         finally:
             relay.restore()
             left = _wait_orphans(relay.ranks, str(report))
-        return _outcome(prog, proc.pid, rc, _read_report(report), relay.first, left)
+        killed = [(p.pid, rc) for p, rc in zip(procs, rcs, strict=True) if rc < 0]
+        pid, rc = killed[0] if killed else (procs[0].pid, next((rc for rc in rcs if rc), 0))
+        report_line = _read_report(report)
+        if killed and nodes > 1 and report_line is not None:
+            rc = 1  # a node's agent killed: its ranks' report names the cause
+        return _outcome(prog, pid, rc, report_line, relay.first, left)
+
+
+def _start(nproc: int, argv: list[str], env: dict[str, str], nodes: int,
+           gpus_per_node: int | None) -> list[subprocess.Popen]:
+    """The torchrun agents: one standalone, or one per node (module docstring)."""
+    if nodes == 1:
+        return [subprocess.Popen(torchrun_argv(nproc, argv), env=env, start_new_session=True)]
+    port, job = free_port(), f"slidedp-{os.getpid()}"
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(nodes * (gpus_per_node
+                                                                                  or 0))]
+    procs = []
+    for i in range(nodes):
+        node_env = dict(env)
+        if gpus_per_node:
+            node_env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                devices[i * gpus_per_node:(i + 1) * gpus_per_node])
+        procs.append(subprocess.Popen(torchrun_argv(nproc, argv, (i, nodes, port, job)),
+                                      env=node_env, start_new_session=True))
+    return procs
 
 
 def _wait(proc: subprocess.Popen, relay: _Relay, timeout_s: float | None) -> int:
-    """torchrun's exit status, noting its rank processes meanwhile."""
+    """torchrun's exit status, noting the rank processes of every agent meanwhile."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         try:
             return proc.wait(timeout=POLL_S)
         except subprocess.TimeoutExpired:
-            relay.ranks.update(children(proc.pid))
+            for p in relay.procs:
+                relay.ranks.update(children(p.pid))
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(proc.args, timeout_s) from None
 
@@ -233,21 +290,23 @@ def _launcher() -> tuple[int, int] | None:
     return (int(pid), int(start)) if pid.isdigit() and start.isdigit() else None
 
 
-def _torchrun_pid() -> int | None:
-    """torchrun's pid as the launcher recorded it beside the report, None without one."""
+def _torchrun_pids() -> list[int]:
+    """The torchrun pids the launcher recorded beside the report (one per node), [] without."""
     try:
-        return int((Path(os.environ[REPORT_ENV]).parent / TORCHRUN_PID).read_text())
+        text = (Path(os.environ[REPORT_ENV]).parent / TORCHRUN_PID).read_text()
+        return [int(x) for x in text.split()]
     except (KeyError, OSError, ValueError):
-        return None
+        return []
 
 
 def launcher_gone(ppid: int) -> str | None:
     """Why this rank's launcher counts as gone, or None: its parent is no longer `ppid` (the
-    parent it started with: torchrun died and the rank was reparented), nor the torchrun the
-    launcher started, or the launcher in SLIDEDP_LAUNCHER has exited."""
-    now, launcher, torchrun = os.getppid(), _launcher(), _torchrun_pid()
-    if now != ppid or now == 1 or (torchrun is not None and now != torchrun):
-        return f"its launcher torchrun (pid {torchrun or ppid}) is gone"
+    parent it started with: torchrun died and the rank was reparented), nor one of the
+    torchruns the launcher started, or the launcher in SLIDEDP_LAUNCHER has exited."""
+    now, launcher, torchruns = os.getppid(), _launcher(), _torchrun_pids()
+    if now != ppid or now == 1 or (torchruns and now not in torchruns):
+        return f"its launcher torchrun (pid {torchruns[0] if len(torchruns) == 1 else ppid}) " \
+               "is gone"
     if launcher is not None and process_start(launcher[0]) != launcher[1]:
         return f"its launcher slidedp (pid {launcher[0]}) is gone"
     return None

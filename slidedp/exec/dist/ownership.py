@@ -1,10 +1,11 @@
 """Which rank process runs which task of the R-rank graph, and how many CPU threads it uses.
 
-Every process interprets the same graph (build_graph of the workload with R = gpus) and runs
-the tasks it owns:
+Every process of a node interprets the same graph (build_graph of the workload with R = gpus,
+the node's ranks) and runs the tasks it owns, by its local rank (every node alike):
     rank r's tasks      compute, H2D, D2H, activations (the graph's rank field): process r
     ALLGATHER, REDUCE   the fabric agent: EVERY process, each issuing the collective
-    ADAM, HOST_SUM      update worker w (agent cpu.update{w}): process 0 with
+    ADAM, HOST_SUM      update worker w (agent cpu.update{w}), and its NODE_REDUCEs (agent
+                        nic{w}, graph/features/internode.py): process 0 with
                         update_sharding=rank0 (the published design: one update process);
                         process w // plan.update_workers with update_sharding=sharded, i.e. the
                         rank whose 1/R share of every unit (sizes.shard_ranges) the worker updates
@@ -39,8 +40,8 @@ def task_owners(g: TaskGraph, plan: Plan) -> np.ndarray:
         return np.zeros_like(owner)
     scatter = g.meta.scatter_update
     for a, name in enumerate(g.agents):
-        if name.startswith("cpu.update"):
-            w = int(name.removeprefix("cpu.update"))
+        if name.startswith(("cpu.update", "nic")):
+            w = int(name.removeprefix("cpu.update").removeprefix("nic"))
             owner[g.agent_tasks[a]] = w // plan.update_workers if scatter else 0
     kind = g.kind
     owner[(kind == Kind.ALLGATHER) | (kind == Kind.REDUCE)] = EVERY

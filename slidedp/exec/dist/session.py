@@ -1,19 +1,35 @@
-"""DistSession: this rank process's part in a single-host job, and what the ranks share.
+"""DistSession: this rank process's part in a job of one or more nodes, and what the ranks share.
 
-Started in every process torchrun launched (RANK, WORLD_SIZE, LOCAL_RANK in the environment):
-  process groups  the default group is NCCL on GPUs (gloo on the CPU) and carries the graph's
-                  collectives; `ctl`, a gloo group (the default one on the CPU), carries the
-                  host-side exchanges: names, barriers and the step-end sums.
+Started in every process torchrun launched (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE in the
+environment). A node is one torchrun agent's ranks (GROUP_RANK: the node rank): every node runs
+the same number of ranks (LOCAL_WORLD_SIZE; else the session refuses to start: SpecError), ranks
+node * LOCAL_WORLD_SIZE + local rank (torchrun's order), and has its own host state in its own
+shared memory. Below, "rank" is the global rank and "local rank" the rank within the node.
+  process groups  the default group is NCCL on GPUs (gloo on the CPU); `node_group`, the ranks
+                  of this node on the default backend (the default group itself with one node),
+                  carries the graph's collectives; `ctl`, a gloo group of every rank (the default
+                  one on the CPU), carries the host-side exchanges: names, barriers and the
+                  step-end sums; `peer_group(local)` (several nodes) makes the gloo group of
+                  local rank `local` of every node, which reduces host chunks across nodes.
   shared memory   `shared_tensor(tag, ...)` and `host_state(...)`: local rank 0 creates the file
-                  in /dev/shm, every rank maps it after a barrier, and local rank 0 unlinks it
-                  after a second barrier. The memory lives as long as some process maps it. Every
-                  file of the job is named "<session name>.<tag>" (host_state.segment_name: rank
-                  0's pid and start time), and every exit of a rank that is not the normal end
+                  in /dev/shm, every rank of its node maps it after a barrier, and local rank 0
+                  unlinks it after a second barrier. The memory lives as long as some process
+                  maps it. Every file of a node is named "<session name>.<tag>", the session name
+                  being host_state.segment_name of the node's local rank 0 (its pid and start
+                  time) and ".node<N>": one name per node, gathered from every node's local rank
+                  0 (`node_names`). Every exit of a rank that is not the normal end
                   removes whatever of them is still in /dev/shm (a peer killed while local rank 0
                   fills the host state, the launcher gone, a stop); files of a job whose every
                   process was killed are reclaimed by the next run (host_state.reclaim_segments).
-  status block    shared: per rank its state (running / failed / exited / stopped), its pid and
-                  a message. fail() writes this rank's; peer_failure() reads the others'.
+  status block    shared by the node: per local rank its state (running / failed / exited /
+                  stopped), its pid and a message. fail() writes this rank's; peer_failure()
+                  reads the others'.
+  other nodes     (several nodes) the first failure or stop of any rank is also written to the
+                  job's TCP store (torchrun's, at MASTER_ADDR:MASTER_PORT) as "rank Q failed:
+                  <cause>"; every watchdog round reads it, and a rank of another node stops
+                  naming it, exiting EXIT_NODE (non-zero: torchrun's agent would otherwise wait
+                  for the failed node's agent at its exit barrier). A store that cannot be read
+                  (node 0's agent, which holds it, gone) stops the rank as well.
   watchdog        a thread, started before anything else, that every WATCHDOG_S
                   - stops this rank when its launcher is gone: its parent (torchrun) changed or,
                     started by `slidedp train --nproc R` (launch.py), that process is gone
@@ -52,11 +68,12 @@ on a timeout: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set); the engine's cross-
 up after timeout_s as well. Used as a context manager, an exception leaving the block marks this
 rank failed, prints the cause and exits the process (EXIT_FAILED; EXIT_PEER when a peer's failure
 was the cause); an expected failure (SpecError, InfeasiblePlan, RunError) prints its one line
-only, anything else its traceback too. Single host only: WORLD_SIZE must equal LOCAL_WORLD_SIZE.
+only, anything else its traceback too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -75,6 +92,7 @@ from slidedp.exec.dist.launch import launcher_gone, write_report
 from slidedp.exec.host_state import SHM_DIR, HostState, map_shared, segment_name
 from slidedp.exec.outcome import EXIT_FAILED, expected_failure
 from slidedp.exec.signals import StopSignals, signal_name
+from slidedp.spec.errors import SpecError
 
 RUNNING, FAILED, EXITED, STOPPED = 0, 1, 2, 3
 MSG_BYTES = 512
@@ -82,6 +100,8 @@ WATCHDOG_S = 0.1
 FAIL_GRACE_S = 10.0
 PEER_GRACE_S = 1.0  # an error waits this long for a peer's failure to show before taking the blame
 EXIT_PEER = 0  # a rank stopped by a peer's failure (module docstring: exit codes)
+EXIT_NODE = 3  # a rank stopped by the failure of a rank of another node (module docstring)
+STORE_KEY = "slidedp/failure"  # in the job's TCP store: "<rank>\n<line>" of the first failure
 
 
 class PeerFailure(RuntimeError):
@@ -106,16 +126,19 @@ class DistSession:
         except KeyError as e:
             raise RuntimeError(f"DistSession: {e.args[0]} is not set: start the job with torchrun "
                                "(slidedp.exec.dist.launch)") from None
-        if int(env.get("LOCAL_WORLD_SIZE", self.world_size)) != self.world_size:
-            raise RuntimeError("DistSession: one host only (WORLD_SIZE != LOCAL_WORLD_SIZE)")
+        self.local_world_size = int(env.get("LOCAL_WORLD_SIZE", self.world_size))
+        self.node_rank = int(env.get("GROUP_RANK", 0))
+        self.nodes = self.world_size // self.local_world_size
+        self._store = None  # the job's TCP store, with several nodes (module docstring)
         self.timeout_s, self.num_threads = timeout_s, num_threads
         self.graceful_stop = graceful_stop
-        self.name: str | None = None  # known once rank 0 has broadcast it
+        self.name: str | None = None  # this node's, known once every node's is gathered
         self._status = self._msg = None
         self._failed_at: float | None = None
         self._in_steps = False  # begin_steps() called: a first signal waits for a step boundary
         self.stop_signal: int | None = None  # a stop request waiting for the next boundary
         self._ppid = os.getppid()
+        self._closing = False
         self._stop = threading.Event()
         main = threading.current_thread() is threading.main_thread()
         self._signals = StopSignals("watch") if main else None
@@ -132,16 +155,83 @@ class DistSession:
             self.device = torch.device("cpu")
             dist.init_process_group("gloo", timeout=timeout)
             self.ctl = dist.group.WORLD
-        name = [segment_name() if self.rank == 0 else None]
-        dist.broadcast_object_list(name, src=0, group=self.ctl)
-        self.name = name[0]
+        self.node_names = self._gather_names()
+        self.name = self.node_names[self.node_rank]
+        self.node_group = self._node_groups(timeout)
+        if self.nodes > 1:
+            self._store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]),
+                                        is_master=False, timeout=timeout)
         self._n_shared = 0
-        R = self.world_size
+        R = self.local_world_size
         status = self.shared_tensor("status", 2 * R, torch.int64).numpy()  # states, pids
         self._msg = self.shared_tensor("msg", R * MSG_BYTES, torch.uint8).numpy()
-        status[R + self.rank] = os.getpid()
+        status[R + self.local_rank] = os.getpid()
         self._status = status
         self.barrier()
+
+    # ---- nodes ---------------------------------------------------------------------------------
+
+    def _gather_names(self) -> list[str]:
+        """Per node, its session name (module docstring: shared memory); SpecError when the nodes
+        run different numbers of ranks."""
+        mine = (self.node_rank, self.local_world_size,
+                f"{segment_name()}.node{self.node_rank}" if self.local_rank == 0 else None)
+        every: list = [None] * self.world_size
+        dist.all_gather_object(every, mine, group=self.ctl)
+        sizes = {}
+        for node, size, _ in every:
+            sizes.setdefault(node, size)
+        if len(set(sizes.values())) > 1 or self.world_size % self.local_world_size:
+            per_node = ", ".join(f"node {n}: {sizes[n]}" for n in sorted(sizes))
+            raise SpecError("torchrun", "--nproc-per-node", "the same number of ranks on "
+                            f"every node, got {per_node}")
+        names = {node: name for node, _, name in every if name is not None}
+        return [names[n] for n in range(self.nodes)]
+
+    def _node_groups(self, timeout: timedelta):
+        """This node's ranks as a group of the default backend (collective: every rank makes
+        every node's group)."""
+        if self.nodes == 1:
+            return dist.group.WORLD
+        mine = None
+        for n in range(self.nodes):
+            ranks = list(range(n * self.local_world_size, (n + 1) * self.local_world_size))
+            group = dist.new_group(ranks, timeout=timeout)
+            if n == self.node_rank:
+                mine = group
+        return mine
+
+    def peer_group(self, local: int):
+        """The gloo group of local rank `local` of every node (collective: every rank calls it,
+        in the same order); None on a rank outside it."""
+        ranks = [n * self.local_world_size + local for n in range(self.nodes)]
+        group = dist.new_group(ranks, backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+        return group if self.rank in ranks else None
+
+    def global_rank(self, local: int) -> int:
+        return self.node_rank * self.local_world_size + local
+
+    def _tell_nodes(self, line: str) -> None:
+        """Record this rank's failure or stop for the other nodes (the first one wins)."""
+        if self._store is None:
+            return
+        with contextlib.suppress(Exception):  # the store gone: the others see that themselves
+            self._store.compare_set(STORE_KEY, "", f"{self.rank}\n{line}")
+
+    def node_failure(self) -> str | None:
+        """The failure of a rank of another node recorded in the store, or None."""
+        if self._store is None or self._closing:
+            return None
+        try:
+            if not self._store.check([STORE_KEY]):
+                return None
+            rank, _, line = self._store.get(STORE_KEY).decode(errors="replace").partition("\n")
+        except Exception as e:  # noqa: BLE001 - any store error: the job's store is gone
+            return (f"the job's store (torchrun's on node 0, {os.environ.get('MASTER_ADDR')}:"
+                    f"{os.environ.get('MASTER_PORT')}) is gone ({type(e).__name__})")
+        if int(rank) // self.local_world_size == self.node_rank:
+            return None  # this node's own: its status block has it
+        return line
 
     # ---- shared memory -------------------------------------------------------------------------
 
@@ -186,6 +276,12 @@ class DistSession:
     def barrier(self) -> None:
         dist.barrier(group=self.ctl)
 
+    def all_gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order (collective, over ctl)."""
+        every: list = [None] * self.world_size
+        dist.all_gather_object(every, obj, group=self.ctl)
+        return every
+
     def all_reduce_sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, group=self.ctl)
@@ -213,25 +309,27 @@ class DistSession:
     def fail(self, message: str, code: int = EXIT_FAILED) -> None:
         """Mark this rank failed (first cause wins): every peer's watchdog stops its process.
         `code`: the job's exit status in the launcher's report (2 for bad input)."""
-        if self._status[self.rank] != RUNNING:
+        if self._status[self.local_rank] != RUNNING:
             return
-        self._write_msg(self.rank, message)
-        self._status[self.rank] = FAILED
+        self._write_msg(self.local_rank, message)
+        self._status[self.local_rank] = FAILED
         self._failed_at = time.monotonic()
         write_report(code, f"rank {self.rank} failed: {message}")
+        self._tell_nodes(f"rank {self.rank} failed: {message}")
 
     def peer_failure(self) -> str | None:
-        """'rank Q failed: <cause>' for the first peer marked failed, else None (cheap: polled)."""
-        for q in range(self.world_size):
-            if q != self.rank and self._status[q] == FAILED:
-                return f"rank {q} failed: {self._read_msg(q)}"
+        """'rank Q failed: <cause>' for the first peer of this node marked failed, else None
+        (cheap: polled)."""
+        for q in range(self.local_world_size):
+            if q != self.local_rank and self._status[q] == FAILED:
+                return f"rank {self.global_rank(q)} failed: {self._read_msg(q)}"
         return None
 
     def peer_stopped(self) -> str | None:
         """'rank Q stopped: <how>' for the first peer that stopped at once on a signal."""
-        for q in range(self.world_size):
-            if q != self.rank and self._status[q] == STOPPED:
-                return f"rank {q} {self._read_msg(q)}"
+        for q in range(self.local_world_size):
+            if q != self.local_rank and self._status[q] == STOPPED:
+                return f"rank {self.global_rank(q)} {self._read_msg(q)}"
         return None
 
     def settled_peer_failure(self, grace_s: float = PEER_GRACE_S) -> str | None:
@@ -243,22 +341,23 @@ class DistSession:
         deadline = time.monotonic() + grace_s
         while True:
             self.mark_dead_peers()
-            peer = self.peer_failure()
+            peer = self.peer_failure() or self.node_failure()
             if peer is not None or time.monotonic() >= deadline:
                 return peer
             time.sleep(WATCHDOG_S / 5)
 
     def mark_dead_peers(self) -> None:
-        """Mark failed every running peer whose process is gone (killed, os._exit)."""
-        R = self.world_size
+        """Mark failed every running peer of this node whose process is gone (killed, os._exit)."""
+        R = self.local_world_size
         for q in range(R):
             pid = int(self._status[R + q])
-            if q != self.rank and self._status[q] == RUNNING and pid and _process_gone(pid):
+            if q != self.local_rank and self._status[q] == RUNNING and pid and _process_gone(pid):
                 message = ("its process (pid {pid}) died without a report (killed by a signal "
                            "or exited)").format(pid=pid)
                 self._write_msg(q, message)
                 self._status[q] = FAILED
-                write_report(EXIT_FAILED, f"rank {q} failed: {message}")
+                write_report(EXIT_FAILED, f"rank {self.global_rank(q)} failed: {message}")
+                self._tell_nodes(f"rank {self.global_rank(q)} failed: {message}")
 
     def _read_msg(self, q: int) -> str:
         raw = bytes(self._msg[q * MSG_BYTES:(q + 1) * MSG_BYTES]).rstrip(b"\0")
@@ -284,7 +383,7 @@ class DistSession:
         sigs = self._signals.poll() if self._signals is not None else []
         if self._failed_at is not None:  # this rank is the cause: only bound its teardown
             if sigs or time.monotonic() - self._failed_at > FAIL_GRACE_S:
-                self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)} ("
+                self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.local_rank)} ("
                            + ("terminated while tearing down)" if sigs else
                               f"teardown still running after {FAIL_GRACE_S} s)"))
             return
@@ -299,12 +398,15 @@ class DistSession:
         peer = self.peer_failure() or self.peer_stopped()
         if peer is not None:
             self._exit(EXIT_PEER, f"stopping: {peer}")
+        remote = self.node_failure()
+        if remote is not None:
+            self._exit(EXIT_NODE, f"stopping: {remote}")
 
     def _on_signals(self, sigs: list[int]) -> None:
         """SIGINT / SIGTERM received (module docstring: signals)."""
         peer = self.settled_peer_failure()
         if peer is not None:  # torchrun stopping the survivors of a failed rank
-            self._exit(EXIT_PEER, f"stopping: {peer}")
+            self._exit(self._peer_code(peer), f"stopping: {peer}")
         gone = launcher_gone(self._ppid)  # PR_SET_PDEATHSIG's SIGTERM: the launcher died
         if gone is not None:
             self._exit(EXIT_FAILED, f"stopping: {gone}")
@@ -319,9 +421,14 @@ class DistSession:
         how = ("stopped by a second " + name + ", unsaved") if self._in_steps \
             else f"stopped by {name} before training"
         if self._status is not None:
-            self._write_msg(self.rank, how)
-            self._status[self.rank] = STOPPED
+            self._write_msg(self.local_rank, how)
+            self._status[self.local_rank] = STOPPED
         self._exit(128 + sigs[-1], how)
+
+    def _peer_code(self, peer: str) -> int:
+        """EXIT_PEER for a failure of this node (peer_failure's line), else EXIT_NODE."""
+        local = self.peer_failure() or self.peer_stopped()
+        return EXIT_PEER if local is not None and local == peer else EXIT_NODE
 
     def _exit(self, code: int, message: str) -> NoReturn:
         """Report and leave now, whatever happens to the report; removes the job's files still in
@@ -329,9 +436,12 @@ class DistSession:
         itself meanwhile."""
         try:
             self.remove_files()
-            if code == EXIT_PEER and self._status is not None \
-                    and self._status[self.rank] == RUNNING:
-                self._status[self.rank] = EXITED
+            if code in (EXIT_PEER, EXIT_NODE):
+                if self._status is not None and self._status[self.local_rank] == RUNNING:
+                    self._status[self.local_rank] = EXITED
+            elif self.nodes > 1 and self._failed_at is None:  # its own end: a launcher gone, a stop
+                write_report(code, f"rank {self.rank} {message}")
+                self._tell_nodes(f"rank {self.rank} {message}")
             print(f"slidedp rank {self.rank}: {message}", file=sys.stderr, flush=True)
             sys.stdout.flush()
         finally:
@@ -344,7 +454,8 @@ class DistSession:
         the watchdog still on: a peer that dies instead stops this rank), then peers no longer
         watch this rank and the process groups are destroyed."""
         self.barrier()
-        self._status[self.rank] = EXITED
+        self._closing = True  # node 0's agent, which holds the store, may end from now on
+        self._status[self.local_rank] = EXITED
         self._stop.set()
         self._watchdog.join()
         if self._signals is not None:
@@ -359,13 +470,13 @@ class DistSession:
             self.close()
             return False
         if self._failed_at is None:  # not marked yet (the engine marks its own task failures)
-            peer = None if isinstance(exc, PeerFailure) else self.settled_peer_failure()
-            if isinstance(exc, PeerFailure) or peer is not None:
-                self._exit(EXIT_PEER, f"stopping: {exc if isinstance(exc, PeerFailure) else peer}")
+            peer = str(exc) if isinstance(exc, PeerFailure) else self.settled_peer_failure()
+            if peer is not None:
+                self._exit(self._peer_code(peer), f"stopping: {peer}")
             self.fail(f"{exc_type.__name__}: {exc}", expected_failure(exc) or EXIT_FAILED)
         if expected_failure(exc) is None:
             traceback.print_exception(exc)
-        self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.rank)}")
+        self._exit(EXIT_FAILED, f"failed: {self._read_msg(self.local_rank)}")
         return False
 
 

@@ -6,7 +6,14 @@ hold no branch on a feature. Order matters where two features touch one task: a 
 kernel for it wins.
 """
 
-from slidedp.exec.features import deferred_update, embedding_rows, grad_widen, offload, split_update
+from slidedp.exec.features import (
+    deferred_update,
+    embedding_rows,
+    grad_widen,
+    internode,
+    offload,
+    split_update,
+)
 
 FEATURES = (
     deferred_update.DeferredUpdate,
@@ -14,4 +21,5 @@ FEATURES = (
     grad_widen.WidenOnHost,
     offload.ActivationOffload,
     embedding_rows.SplitEmbedding,
+    internode.NodeReduce,
 )

@@ -5,6 +5,7 @@ from slidedp.graph.features.base import Feature
 from slidedp.graph.features.deferred_update import DeferredUpdate
 from slidedp.graph.features.embedding_rows import EmbeddingRows
 from slidedp.graph.features.grad_widen import HostWiden
+from slidedp.graph.features.internode import Internode
 from slidedp.graph.features.offload import Offload
 from slidedp.graph.features.split_update import SplitUpdate
 
@@ -14,4 +15,5 @@ FEATURES: tuple[type[Feature], ...] = (
     DeferredUpdate,
     SplitUpdate,
     EmbeddingRows,
+    Internode,
 )

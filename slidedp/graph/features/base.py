@@ -37,6 +37,8 @@ forward delivery of t > 0, which the previous iteration's ADAMs gate):
                                  chunk k = [lo, hi) of the unit's BF16 parameters, issued by the
                                  feature, or None for the base schedule's CAST
 and, whenever the base gradient path has a chunk ready for its ADAM:
+    before_update(chunk)         tasks between the chunk's producer and its ADAM, appended to
+                                 chunk.after (the ADAM waits on them)
     hold_chunk(chunk)            True: the feature issues that chunk's ADAM later itself
 and at the end, meta(): the GraphMeta fields the feature sets.
 """
@@ -138,6 +140,9 @@ class Feature:
         return gates
 
     def cast_task(self, t: int, u: int, k: int, lo: int, hi: int, staging: int) -> int | None:
+        return None
+
+    def before_update(self, chunk: GradChunk) -> None:
         return None
 
     def hold_chunk(self, chunk: GradChunk) -> bool:

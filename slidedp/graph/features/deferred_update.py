@@ -5,7 +5,7 @@ host, when the global gradient norm (clipping) is known.
 The ADAMs of an iteration are issued after its last D2H / HOST_SUM, in the order their chunks
 came (head, layers L..1, embedding), and the first ADAM of each update worker has a DATA edge
 from every chunk producer of the iteration (each D2H feeding an ADAM directly, each HOST_SUM,
-which follows its D2Hs): every ADAM then runs after every D2H of its iteration. Edges rather than
+which follows its D2Hs, and the tasks between them and their ADAMs: GradChunk.after): every ADAM then runs after every D2H of its iteration. Edges rather than
 a barrier task: no new kind for the cost model, the simulator and the executor to run, and the
 first ADAM is where the executor computes the clipping coefficient anyway. The embedding, first
 needed by the next forward, is updated last: the next step waits for the whole update, as the
@@ -47,7 +47,8 @@ class DeferredUpdate(Feature):
         """Every held ADAM of iteration t, after every chunk producer of t (module docstring);
         they gate the next iteration."""
         b = self.b
-        producers = [c.src for chunks in self.pending.values() for c in chunks]
+        producers = [p for chunks in self.pending.values() for c in chunks
+                     for p in (c.src, *c.after)]
         workers: set[int] = set()
         out = {}
         for u, chunks in self.pending.items():
@@ -58,7 +59,8 @@ class DeferredUpdate(Feature):
                     b.d2h_rings[c.ring].readers[c.slot].append(a)
                 if c.worker not in workers:  # its first ADAM: the later ones follow it (ORDER)
                     workers.add(c.worker)
-                    b.rec.edges([p for p in producers if p != c.src], a, EdgeKind.DATA)
+                    b.rec.edges([p for p in producers if p != c.src and p not in c.after], a,
+                                EdgeKind.DATA)
                 out[u].append((a, c.lo, c.hi))
         self.pending.clear()
         return out

@@ -35,6 +35,7 @@ from slidedp.graph.recorder import GradChunk, GradPath
 from slidedp.graph.sizes import grad_chunks
 from slidedp.graph.tasks import EdgeKind, Kind
 from slidedp.spec.elements import FP32_BYTES, PARAM_BYTES
+from slidedp.spec.errors import SpecError
 from slidedp.spec.plan import Plan
 from slidedp.spec.units import MIB
 from slidedp.spec.workload import Workload
@@ -91,6 +92,9 @@ class EmbeddingRows(Feature):
     def __init__(self, b):
         super().__init__(b)
         wl, hidden = b.wl, b.m.hidden
+        if wl.nodes > 1:  # the rows each node looked up differ: no one compact buffer to reduce
+            raise SpecError("plan", "embedding_rows", f"off with {wl.nodes} nodes (each node "
+                            "looks up its own rows)")
         # the rows tasks tile the capacity (the most rows a batch can look up); their work is the
         # expected share of it (`fill`), as the executor skips the rows past the batch's own
         self.elems = row_capacity(wl) * hidden
