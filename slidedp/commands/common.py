@@ -18,6 +18,7 @@ from slidedp.spec.plan import (
     GradRoute,
     GradWiden,
     Kernels,
+    Moments,
     ParamRoute,
     Plan,
     UpdateSharding,
@@ -71,6 +72,9 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
                    help="the layers' and the LM head's kernels: eager (transformers' own), liger "
                    "(liger-kernel's fused ones, CUDA only) or auto (the default: liger on CUDA "
                    "where liger-kernel imports, else eager; exec/fused_kernels.py)")
+    g.add_argument("--moments", choices=[e.value for e in Moments],
+                   help="the Adam moments on the host: fp32 (the default, 8 B/param), bf16 "
+                   "(4 B/param) or int8 (block-wise 8-bit, ~2 B/param); the master stays FP32")
 
 
 def add_clip_option(p: argparse.ArgumentParser) -> None:
@@ -150,7 +154,8 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "step_join": False if getattr(args, "no_step_join", False) else None,
             "embedding_rows": True if getattr(args, "embedding_rows", False) else None,
             "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen),
-            "kernels": getattr(args, "kernels", None) and Kernels(args.kernels)}
+            "kernels": getattr(args, "kernels", None) and Kernels(args.kernels),
+            "moments": getattr(args, "moments", None) and Moments(args.moments)}
     try:
         plan = plan.with_overrides(**over)
     except SpecError as e:
@@ -174,4 +179,4 @@ def describe(r: Resolved) -> str:
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
             f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}"
             f"{' | embedding rows split' if p.splits_embedding else ''} | gradients widened "
-            f"on the {p.grad_widen} | kernels {p.kernels}")
+            f"on the {p.grad_widen} | kernels {p.kernels} | moments {p.moments}")

@@ -57,7 +57,7 @@ from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
 from slidedp.spec.errors import InfeasiblePlan, SpecError
-from slidedp.spec.plan import GradWiden, Kernels, plan_for_clipping
+from slidedp.spec.plan import GradWiden, Kernels, Moments, plan_for_clipping
 from slidedp.spec.tomlio import read_toml
 
 if TYPE_CHECKING:
@@ -79,17 +79,19 @@ DEFAULTS = {
     "param_route": None, "grad_route": None, "update_sharding": None, "chunk_mib": None,
     "window_slots": None, "offload_ratio": None, "update_workers": None, "host_bf16_copy": None,
     "skip_nonfinite": 0, "no_save_on_stop": False, "kernels": None, "defer_update": None,
-    "grad_widen": None, "embedding_rows": None, "no_step_join": None,
+    "grad_widen": None, "embedding_rows": None, "no_step_join": None, "moments": None,
+    "no_checkpoint": False,
 }
 INTS = {"seq", "global_batch", "micro_batch", "nproc", "timeout", "steps", "warmup_steps", "seed",
         "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers", "skip_nonfinite"}
 FLOATS = {"lr", "weight_decay", "eps", "grad_clip", "chunk_mib", "offload_ratio",
           "gpu_memory_cap_gib"}
 BOOLS = {"no_shuffle", "resume", "host_bf16_copy", "no_save_on_stop", "defer_update",
-         "embedding_rows", "no_step_join"}
+         "embedding_rows", "no_step_join", "no_checkpoint"}
 CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES,
            "kernels": tuple(k.value for k in Kernels),
-           "grad_widen": tuple(g.value for g in GradWiden)}
+           "grad_widen": tuple(g.value for g in GradWiden),
+           "moments": tuple(m.value for m in Moments)}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0,
        "skip_nonfinite": 0}
 # what may differ from DIR/config.toml on --resume: how the run executes, where, and for how long;
@@ -100,7 +102,7 @@ RESUME_MAY_CHANGE = ("steps", "nproc", "timeout", "device", "micro_batch", "chec
                      "param_route", "grad_route", "update_sharding", "chunk_mib", "window_slots",
                      "offload_ratio", "update_workers", "host_bf16_copy", "skip_nonfinite",
                      "no_save_on_stop", "kernels", "defer_update", "grad_widen", "embedding_rows",
-                     "no_step_join", "eval_data", "eval_every", "report_to")
+                     "no_step_join", "eval_data", "eval_every", "report_to", "no_checkpoint")
 NOT_SAVED = ("out", "resume")  # options of the invocation, not of the run: not in config.toml
 # the data, eval, export and logging options (commands/train_data.py)
 DEFAULTS |= train_data.DEFAULTS
@@ -310,7 +312,7 @@ def build(opts: dict, source=None):
         "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
         "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
         "host_bf16_copy", "kernels", "defer_update", "grad_widen", "embedding_rows",
-        "no_step_join")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
+        "no_step_join", "moments")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
         gpus=ranks)
     r = resolve(ns)
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now

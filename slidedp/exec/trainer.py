@@ -265,7 +265,7 @@ class Trainer:
                     if reader is None:
                         source.read_unit(u, out=hs.unit_master(u))
                     else:
-                        reader.read_unit(u, hs.unit_master(u), hs.unit_m(u), hs.unit_v(u))
+                        reader.read_unit(u, *hs.unit_state(u).values())
                 if hs.copy is not None:
                     hs.copy.copy_(hs.master)
                 if meta is not None:
@@ -278,9 +278,10 @@ class Trainer:
         numels = source.unit_numels
         copy_dtype = DTYPES[cfg.dtype] if cfg.plan.host_bf16_copy else None
         if self.session is None:
-            hs = fill(HostState.create(numels, copy_dtype))
+            hs = fill(HostState.create(numels, copy_dtype, moments=str(cfg.plan.moments)))
         else:
-            hs = self.session.host_state(numels, copy_dtype, init=fill)
+            hs = self.session.host_state(numels, copy_dtype, init=fill,
+                                         moments=str(cfg.plan.moments))
         try:
             return self._engine(hs)
         except BaseException:
@@ -393,7 +394,7 @@ class Trainer:
         meta = {"fingerprint": self.source.fingerprint(), "model": self.source.where,
                 "unit_steps": hs.steps.tolist(), "data": self.batches.state_dict(),
                 "data_fingerprint": self.data_fingerprint, "nonfinite_skipped": self.skipped}
-        units = ((u, hs.unit_master(u), hs.unit_m(u), hs.unit_v(u)) for u in range(hs.n_units))
+        units = ((u, *hs.unit_state(u).values()) for u in range(hs.n_units))
         with writing(self.cfg.checkpoint_root):
             return save_checkpoint(self.cfg.checkpoint_root, self.step, units, meta,
                                    keep=self.cfg.keep_checkpoints)

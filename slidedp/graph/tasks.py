@@ -81,6 +81,7 @@ class GraphMeta:
     grad_wire_bytes: int = 4  # bytes per element of a downloaded gradient chunk
     embedding_grad_align: int = 1  # the embedding's gradient chunks are multiples of this
     kernels: str = "eager"  # the layers' kernels (plan.kernels): which measured layer times apply
+    moments: str = "fp32"  # the Adam moments' format (plan.moments): the update's rate and bytes
 
 
 @dataclass

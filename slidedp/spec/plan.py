@@ -48,6 +48,11 @@ FP32 (graph.build.grad_wire_bytes).
 RoPE and linear + cross-entropy; CUDA only) or "auto" (the default: liger on a CUDA device where
 liger-kernel imports, else eager). The profile times the layer with the kernels it ran and tags the
 row (spec/hardware.py, gpu.layer_time.kernels), and the cost model takes the plan's kernels' rows.
+`moments` is the format of the Adam moments on the host (exec/moments.py): "fp32" (default, 8
+B/param), "bf16" (4 B/param) or "int8" (block-wise 8-bit, the bitsandbytes scheme: 2 B/param plus
+an FP32 scale per 256 elements). The FP32 master stays. The update dequantizes, steps and
+requantizes chunk by chunk, at the host's measured rate for that format (spec/host.py); gradient
+chunks start on 256-element boundaries (graph/features/compact_moments.py).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
 
+from slidedp.spec.elements import FP32_BYTES, MOMENT_QBLOCK
 from slidedp.spec.errors import SpecError
 from slidedp.spec.segments import parse_policy
 from slidedp.spec.tomlio import Table, read_toml
@@ -80,6 +86,17 @@ class Kernels(StrEnum):
     AUTO = "auto"  # liger on a CUDA device where liger-kernel imports, else eager
     EAGER = "eager"  # transformers' own modules
     LIGER = "liger"  # liger-kernel's fused RMSNorm, SwiGLU, RoPE, linear + cross-entropy (CUDA)
+
+
+class Moments(StrEnum):
+    FP32 = "fp32"  # Adam m and v in FP32 (8 B/param)
+    BF16 = "bf16"  # rounded to BF16 after every update (4 B/param)
+    INT8 = "int8"  # block-wise 8-bit with an FP32 absmax per 256 elements (2.03 B/param)
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Host bytes of m and v together per parameter."""
+        return {"fp32": 8.0, "bf16": 4.0, "int8": 2 * (1 + FP32_BYTES / MOMENT_QBLOCK)}[self.value]
 
 
 class UpdateSharding(StrEnum):
@@ -116,6 +133,7 @@ class Plan:
     embedding_rows: bool = False  # the embedding's update in two parts (see the module docstring)
     grad_widen: GradWiden = GradWiden.GPU  # where a gradient chunk becomes FP32 (docstring)
     kernels: Kernels = Kernels.AUTO  # the layers' and the head's kernels (docstring)
+    moments: Moments = Moments.FP32  # the Adam moments' format on the host (docstring)
 
     def __post_init__(self):
         checks = {
@@ -134,6 +152,9 @@ class Plan:
         for name, ok in checks.items():
             if not ok:
                 raise SpecError("plan", name, f"a valid value (see Plan docs), got {getattr(self, name)!r}")
+        if self.moments != Moments.FP32 and self.embedding_rows:
+            raise SpecError("plan", "embedding_rows", f"false with {self.moments} moments (the "
+                            "split embedding update keeps FP32 moments)")
         if not isinstance(self.layer_policies, tuple | list):
             raise SpecError("plan", "layer_policies", f"a list of policies, got {self.layer_policies!r}")
         names = tuple(parse_policy(p, "plan", f"layer_policies[{i}]").name
@@ -188,7 +209,8 @@ def team_cores(cores: int) -> int:
 
 
 _ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
-          "activation_policy": ActivationPolicy, "grad_widen": GradWiden, "kernels": Kernels}
+          "activation_policy": ActivationPolicy, "grad_widen": GradWiden, "kernels": Kernels,
+          "moments": Moments}
 
 
 def parse_plan(data: dict, where: str) -> Plan:
