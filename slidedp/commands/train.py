@@ -154,6 +154,9 @@ def register(sub) -> None:
     c.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 0: "
                    "only after the last step)")
     c.add_argument("--keep-checkpoints", type=int, help="newest checkpoints kept (default 2)")
+    c.add_argument("--no-checkpoint", action="store_true", help="write no checkpoint at all, "
+                   "only final/ after the last step (a stop signal then saves nothing): for a "
+                   "disk that cannot hold the state (12-16 B/param) beside the model")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint "
                    "in --out, with the options of OUT/config.toml (see above)")
     c.add_argument("--trace", help="write the last step's measured Timeline as a Chrome trace")
@@ -300,6 +303,9 @@ def build(opts: dict, source=None):
     from slidedp.exec.io import open_model_source
     from slidedp.exec.trainer import BASE_HARDWARE, TrainConfig, local_hardware
 
+    if opts["no_checkpoint"] and opts["checkpoint_every"]:
+        raise SpecError("command line", "--checkpoint-every", "0 (the default) with "
+                        f"--no-checkpoint, which writes none, got {opts['checkpoint_every']}")
     ranks, mb, gb = opts["nproc"], opts["micro_batch"], opts["global_batch"]
     if gb % (mb * ranks):
         raise SpecError("command line", "global_batch", f"a multiple of micro_batch x nproc = "
@@ -330,7 +336,8 @@ def build(opts: dict, source=None):
         resume=opts["resume"], trace=Path(opts["trace"]) if opts["trace"] else None,
         plan=plan_for_clipping(r.plan, opts["grad_clip"], opts["skip_nonfinite"]),
         hardware=hw, skip_nonfinite=opts["skip_nonfinite"],
-        save_on_stop=not opts["no_save_on_stop"], **train_data.config_fields(opts))
+        save_on_stop=not (opts["no_save_on_stop"] or opts["no_checkpoint"]),
+        checkpoints=not opts["no_checkpoint"], **train_data.config_fields(opts))
     return cfg, source
 
 

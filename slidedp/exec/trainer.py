@@ -22,7 +22,8 @@ boundary, DistSession.agree_stop) ends the run at the boundary after a checkpoin
 save_on_stop is off). run() returns how the run ended (outcome.RunEnd); a write that fails (disk
 full, read-only) is a RunError naming the file.
 Checkpoints go to OUT/checkpoints/step-N (exec/checkpoint.py: atomic, the newest
-`keep_checkpoints` kept) every `checkpoint_every` steps and after the last step; the final
+`keep_checkpoints` kept) every `checkpoint_every` steps and after the last step, unless
+`checkpoints` is off (final/ only); the final
 model goes to OUT/final in `save_dtype` (else `dtype`), with the source directory's tokenizer and
 generation config (exec/io/export.py). With `eval_data`, the eval loss (exec/evaluate.py) is
 added to the metrics row of every `eval_every`-th step and of the last (key eval_loss).
@@ -103,6 +104,7 @@ class TrainConfig:
     hardware: HardwareSpec
     skip_nonfinite: int = 0  # non-finite steps whose update may be skipped (0: stop at the first)
     save_on_stop: bool = True  # a stop signal saves a checkpoint at the step boundary
+    checkpoints: bool = True  # False: no checkpoint at all, final/ only (--no-checkpoint)
     data_options: DataOptions = DataOptions()
     eval_data: str | None = None
     eval_every: int = 0  # 0: after the last step only
@@ -368,7 +370,8 @@ class Trainer:
         if bad:
             return self._nonfinite_end(bad, res.skipped)
         every = cfg.checkpoint_every
-        saved = self.step == cfg.steps or bool(every and self.step % every == 0)
+        saved = cfg.checkpoints and (self.step == cfg.steps
+                                     or bool(every and self.step % every == 0))
         if saved and self.lead:
             self.save_checkpoint()
         if stop is None or self.step == cfg.steps:
