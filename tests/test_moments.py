@@ -74,6 +74,22 @@ def test_dynamic_maps_are_bitsandbytes_own():
         assert torch.equal(mom.dynamic_map(signed), F.create_dynamic_map(signed=signed))
 
 
+@pytest.mark.parametrize("qmap", [mom.SIGNED, mom.UNSIGNED], ids=["signed", "unsigned"])
+def test_nearest_entry_tables_equal_bucketize(qmap):
+    """The BF16-indexed tables give torch.bucketize's answer: on every BF16 interval's ends, ties
+    and neighbours (every 16-bit prefix with 8 low patterns), on each midpoint and its float
+    neighbours, on each map entry."""
+    prefix = torch.arange(1 << 16, dtype=torch.int32) << 16
+    low = torch.tensor([0, 1, 2, 0x7FFF, 0x8000, 0x8001, 0xFFFE, 0xFFFF], dtype=torch.int32)
+    xs = (prefix.view(-1, 1) | low.view(1, -1)).view(-1).view(torch.float32)
+    b = qmap.bounds
+    xs = torch.cat([xs, b, torch.nextafter(b, b + 1), torch.nextafter(b, b - 1), qmap.code])
+    xs = xs[torch.isfinite(xs)]
+    key = xs.bfloat16().view(torch.int16).int() & 0xFFFF
+    got = qmap.base[key] + (xs > qmap.bound[key]).int()
+    assert torch.equal(got, torch.bucketize(xs, b, out_int32=True))
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
 def test_chunked_kernel_equals_plain_torch_scheme(monkeypatch, fmt, grad_dtype):

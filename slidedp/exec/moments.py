@@ -29,8 +29,10 @@ import torch
 from slidedp.exec.adamw import AdamWConfig, _fused, adamw_chunk
 from slidedp.spec.elements import MOMENT_QBLOCK as QBLOCK  # bitsandbytes' optimizers' block
 
-COMPACT_BLOCK = 1 << 18  # elements dequantized, stepped and requantized at a time (a multiple of
-# QBLOCK; 1 MiB per FP32 scratch, small enough for the caches, large enough for torch's threads)
+COMPACT_BLOCK = 1 << 20  # elements dequantized, stepped and requantized at a time (a multiple of
+# QBLOCK): each of the ~30 torch ops per block splits it among the update team's threads and joins
+# them, so a block must be large against that cost (on 2 busy cores, 1 thread: 1 << 18 and 1 << 20
+# ran alike, 2 threads: 1 << 20 fastest; benchmarks/moments_rate.py --compact-block sweeps it)
 ABSMAX_FLOOR = 1e-38  # divisor of an all-zero block (its elements quantize to the map's zero)
 FORMATS = ("fp32", "bf16", "int8")
 STORED_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.uint8}
@@ -57,15 +59,50 @@ def dynamic_map(signed: bool) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class QuantMap:
-    """A dynamic map and the midpoints between its neighbours (bucketize finds the nearest)."""
+    """A dynamic map, the midpoints between its neighbours, and the tables that find the nearest
+    entry in constant time.
 
+    The nearest entry to x is the number of midpoints below x (torch.bucketize's answer, which
+    takes a binary search per element: ~100 ns each on a CPU, slower than the whole AdamW).
+    Instead: the FP32 numbers that round to one BF16 value b (x.to(bfloat16), round to nearest
+    even: a vectorized cast) form an interval with at most one midpoint inside (QuantMap.of
+    checks it), so the count is base[b] (midpoints below the interval) plus (x > bound[b]) (the
+    midpoint inside, +inf if none): two table look-ups and a comparison, bucketize's answer for
+    every finite x."""
+
+    signed: bool  # unsigned: for values never negative (v), whose max |x| is their max
     code: torch.Tensor
     bounds: torch.Tensor
+    base: torch.Tensor  # int32 [65536], by BF16 bits: midpoints below its interval
+    bound: torch.Tensor  # FP32 [65536], by BF16 bits: the midpoint inside, +inf if none
 
     @classmethod
     def of(cls, signed: bool) -> QuantMap:
         code = dynamic_map(signed)
-        return cls(code, (code[:-1] + code[1:]) / 2)
+        bounds = (code[:-1] + code[1:]) / 2
+        lo, hi = rounding_intervals()
+        inside = (bounds.view(1, -1) >= lo.view(-1, 1)) & (bounds.view(1, -1) < hi.view(-1, 1))
+        if int(inside.sum(1).max()) > 1:
+            raise ValueError("a quantization map with two midpoints in one BF16 interval")
+        base = torch.bucketize(lo, bounds, out_int32=True)  # midpoints < lo
+        bound = torch.where(inside.any(1), torch.where(inside, bounds, 0).sum(1), torch.inf)
+        return cls(signed, code, bounds, base, bound.float())
+
+
+def rounding_intervals() -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) FP32 [65536] by BF16 bit pattern b: the least and the greatest FP32 number that
+    rounds to b (round to nearest, ties to even: a magnitude whose low 16 bits are 0x8000 goes to
+    the even one of its two BF16 neighbours; Inf holds the finite numbers that round to it). The
+    NaN patterns get empty intervals."""
+    b = torch.arange(1 << 16, dtype=torch.int64)
+    mag, neg = b & 0x7FFF, b >= 0x8000
+    even = (mag & 1) == 0
+    first = torch.where(mag == 0, 0, ((mag - 1) << 16) + 0x8000 + (~even).long())
+    last = ((mag << 16) + 0x7FFF + even.long()).clamp_max(0x7F7FFFFF)  # Inf: from the largest
+    small, large = (t.to(torch.int32).view(torch.float32) for t in (first, last))
+    lo, hi = torch.where(neg, -large, small), torch.where(neg, -small, large)
+    nan = mag > 0x7F80
+    return torch.where(nan, torch.inf, lo), torch.where(nan, -torch.inf, hi)
 
 
 SIGNED, UNSIGNED = QuantMap.of(True), QuantMap.of(False)  # m's map, v's map
@@ -125,8 +162,8 @@ class MomentSpan:
             self.v[lo:hi].copy_(v)
             return
         b0, b1 = lo // QBLOCK, blocks(hi)
-        quantize(m, SIGNED, self.m[lo:hi], self.m_absmax[b0:b1], s.idx)
-        quantize(v, UNSIGNED, self.v[lo:hi], self.v_absmax[b0:b1], s.idx)
+        quantize(m, SIGNED, self.m[lo:hi], self.m_absmax[b0:b1], s)
+        quantize(v, UNSIGNED, self.v[lo:hi], self.v_absmax[b0:b1], s)
 
 
 def dequantize(q: torch.Tensor, absmax: torch.Tensor, qmap: QuantMap, out: torch.Tensor,
@@ -140,19 +177,33 @@ def dequantize(q: torch.Tensor, absmax: torch.Tensor, qmap: QuantMap, out: torch
 
 
 def quantize(x: torch.Tensor, qmap: QuantMap, q_out: torch.Tensor, absmax_out: torch.Tensor,
-             idx: torch.Tensor) -> None:
-    """absmax_out = each block's max |x|; q_out = the nearest map entry to x / absmax. Divides x
-    in place (it is scratch)."""
+             s) -> None:
+    """absmax_out = each block's max |x| (max |x| = max x for v, which is never negative);
+    q_out = the index of the nearest map entry to x / absmax (QuantMap: as torch.bucketize on
+    the midpoints). Divides x in place (it is scratch), as the thread's scratch `s`."""
+    idx, s_low = s.idx, s.low
     n = len(x)
     full = n - n % QBLOCK
     if full:
-        torch.amax(x[:full].view(-1, QBLOCK).abs(), dim=1, out=absmax_out[:full // QBLOCK])
+        rows, out = x[:full].view(-1, QBLOCK), absmax_out[:full // QBLOCK]
+        torch.amax(rows, dim=1, out=out)
+        if qmap.signed:
+            low = s_low[:full // QBLOCK]
+            torch.amin(rows, dim=1, out=low)
+            torch.maximum(out, low.neg_(), out=out)
     if n > full:
         absmax_out[-1] = x[full:].abs().max()
     _per_block(x, absmax_out.clamp_min(ABSMAX_FLOOR), torch.Tensor.div_)
-    i = idx[:n]
-    torch.bucketize(x, qmap.bounds, out_int32=True, out=i)
-    q_out.copy_(i)
+    key, rounded, count, bound, above = (idx[:n], s.rounded[:n], s.count[:n], s.bound[:n],
+                                         s.above[:n])
+    rounded.copy_(x)  # to BF16
+    key.copy_(rounded.view(torch.int16))
+    key.bitwise_and_(0xFFFF)  # the BF16 bits (sign-extended by the widening)
+    torch.index_select(qmap.base, 0, key, out=count)
+    torch.index_select(qmap.bound, 0, key, out=bound)
+    torch.gt(x, bound, out=above)
+    count.add_(above)
+    q_out.copy_(count)
 
 
 def _per_block(x: torch.Tensor, per_block: torch.Tensor, op) -> None:
@@ -169,5 +220,9 @@ def _thread_scratch():
     s = _scratch
     if getattr(s, "m", None) is None:
         s.m, s.v, s.g = (torch.empty(COMPACT_BLOCK, dtype=torch.float32) for _ in range(3))
-        s.idx = torch.empty(COMPACT_BLOCK, dtype=torch.int32)
+        s.idx, s.count = (torch.empty(COMPACT_BLOCK, dtype=torch.int32) for _ in range(2))
+        s.bound = torch.empty(COMPACT_BLOCK, dtype=torch.float32)
+        s.rounded = torch.empty(COMPACT_BLOCK, dtype=torch.bfloat16)
+        s.above = torch.empty(COMPACT_BLOCK, dtype=torch.bool)
+        s.low = torch.empty(COMPACT_BLOCK // QBLOCK, dtype=torch.float32)
     return s
