@@ -13,6 +13,8 @@ from slidedp.commands.common import (
     resolve,
 )
 from slidedp.model.predict import Prediction, predict
+from slidedp.policy.state_tier import TIERS, describe_tiers, host_bytes_by_tier
+from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.units import GIB
 
 
@@ -53,10 +55,23 @@ def format_table(pred: Prediction) -> str:
 
 def run(args: argparse.Namespace) -> int:
     r = resolve(args)
-    pred = predict(r.hardware, r.workload, r.plan)
+    tiers = host_bytes_by_tier(r.workload, r.plan)
+    try:
+        pred = predict(r.hardware, r.workload, r.plan)
+    except InfeasiblePlan as e:
+        if e.what != "host memory":
+            raise
+        fits = [m for m in TIERS if tiers[m] <= r.hardware.host.ram_bytes]
+        hint = f"--moments {fits[0]} fits" if fits else "no moments format fits"
+        detail = str(e).partition("; ")[2]  # what check_fits said beyond the sizes
+        raise InfeasiblePlan(e.what, e.need_bytes, e.have_bytes, f"{detail}; host memory by "
+                             f"moments: {describe_tiers(r.hardware, tiers)}: {hint}") from None
     if args.json:
-        print(json.dumps(pred.to_json(), indent=1, sort_keys=True))
+        out = pred.to_json()
+        out["host_bytes_by_moments"] = {str(m): b for m, b in tiers.items()}
+        print(json.dumps(out, indent=1, sort_keys=True))
     else:
         print(describe(r))
         print(format_table(pred))
+        print(f"host memory by moments: {describe_tiers(r.hardware, tiers)}")
     return 0
