@@ -51,3 +51,25 @@ def test_predict_shows_host_bytes_per_format_and_names_one_that_fits(capsys):
     err = capsys.readouterr().err
     assert "host memory needs 168.55 GiB" in err and "--moments bf16 fits" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_auto_plan_gets_the_chosen_format_and_the_report_says_why(monkeypatch):
+    """choose_plan (train --plan auto, slidedp plan) hands AutoPolicy the base plan with the
+    chosen format and puts the reason first in the report's notes; a given format is kept."""
+    from slidedp.commands import choose
+    from slidedp.policy.report import PolicyReport
+
+    seen = []
+
+    def fake_auto_plan(hw, wl, cap, base=None, **kw):
+        seen.append(base)
+        return base, PolicyReport(cap, wl.model.n_layers, base.window_slots, notes=["auto's"])
+
+    monkeypatch.setattr(choose, "auto_plan", fake_auto_plan)
+    hw = load_hardware("h200x1")
+    plan, rep = choose.choose_plan(hw, QWEN14, hw.gpu.hbm_bytes, choose_moments=True)
+    assert plan.moments == seen[-1].moments == Moments.BF16
+    assert rep.notes[0].startswith("moments bf16: the cheapest") and rep.notes[1] == "auto's"
+    plan, rep = choose.choose_plan(hw, QWEN14, hw.gpu.hbm_bytes,
+                                   base=Plan(moments=Moments.INT8))
+    assert plan.moments == Moments.INT8 and rep.notes == ["auto's"]
