@@ -72,7 +72,7 @@ def _choose(hw: HardwareSpec, wl: Workload, cap: float, base: Plan | None,
         return plan, rep
     from slidedp.policy.probe import ExecutorProbe
 
-    with ExecutorProbe(wl, probe_device) as probe:
+    with ExecutorProbe(wl, probe_device, moments=str(base.moments if base else "fp32")) as probe:
         plan, rep = auto_plan(hw, wl, cap, base=base, probe=probe, probe_device=probe_device,
                               calibrate=probe.marginal_s, runs_policy=runs,
                               time_limit_s=time_limit_s)
