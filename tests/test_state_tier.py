@@ -8,7 +8,7 @@ import pytest
 
 from slidedp import cli
 from slidedp.model.memory import host_footprint
-from slidedp.policy.state_tier import choose_tier, host_bytes_by_tier
+from slidedp.model.state_tier import choose_tier, host_bytes_by_tier
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
@@ -46,7 +46,7 @@ def test_predict_shows_host_bytes_per_format_and_names_one_that_fits(capsys):
             "--micro-batch", "4"]
     assert cli.main([*args, "--moments", "int8"]) == 0
     out = capsys.readouterr().out
-    assert "moments int8" in out and "host memory by moments: fp32 168.5 GiB, bf16 113.5, int8 86.5" in out
+    assert "moments int8" in out and "host memory by moments        fp32 168.5 GiB, bf16 113.5, int8 86.5" in out
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "host memory needs 168.55 GiB" in err and "--moments bf16 fits" in err

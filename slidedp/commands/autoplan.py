@@ -8,7 +8,7 @@ The choice (commands/choose.py, policy/auto.py) is made before anything large is
              thus an H200's, and the real probes (below) are what measures this machine.
   cap        --gpu-memory-cap-gib (default: the hardware's whole GPU memory).
   moments    --moments when given; else the cheapest format whose host state fits host RAM,
-             fp32 first (policy/state_tier.py), and the report's first note says why.
+             fp32 first (model/state_tier.py), and the report's first note says why.
   fixed      --offload-ratio, --update-workers, --host-bf16-copy and --grad-clip (which defers
              the update) are kept; routes, chunks and the window are AutoPolicy's to choose, so
              passing them with --plan auto is refused.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slidedp.model.state_tier import choose_tier
 from slidedp.policy.auto import GIB, auto_plan
 from slidedp.policy.report import PolicyReport
-from slidedp.policy.state_tier import choose_tier
 from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec
@@ -45,7 +45,7 @@ def choose_plan(hw: HardwareSpec, wl: Workload, cap: float, *, base: Plan | None
     wl.gpus > 1 the report says it was not probed) within `time_limit_s` of selection, its
     activation policies limited to those the executor runs on `executor_device` when given;
     with `choose_moments`, base's moments format is the cheapest that fits host RAM
-    (policy/state_tier.py), and the report's first note says why."""
+    (model/state_tier.py), and the report's first note says why."""
     why = None
     if choose_moments:
         base, why = choose_tier(hw, wl, base or default_plan(hw.fabric.kind))

@@ -56,7 +56,7 @@ def register(sub) -> None:
                    f"(the best simulated finalist is always probed; default {DEFAULT_TIME_LIMIT_S:g})")
     p.add_argument("--moments", choices=[m.value for m in Moments],
                    help="the Adam moments' format (default: the cheapest that fits host RAM, "
-                   "fp32 first; policy/state_tier.py)")
+                   "fp32 first; model/state_tier.py)")
     p.add_argument("--out", metavar="FILE", help="write the plan TOML ([plan] table) here")
     p.set_defaults(func=run)
 

@@ -13,7 +13,7 @@ from slidedp.commands.common import (
     resolve,
 )
 from slidedp.model.predict import Prediction, predict
-from slidedp.policy.state_tier import TIERS, describe_tiers, host_bytes_by_tier
+from slidedp.model.state_tier import TIERS, describe_tiers, host_bytes_by_tier
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.units import GIB
 
@@ -29,7 +29,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def format_table(pred: Prediction) -> str:
+def format_table(pred: Prediction, host_by_moments: str | None = None) -> str:
+    """The prediction as aligned rows, the limiter's sentence last; `host_by_moments`: the host
+    memory with each moments format, in the row after the plan's own."""
     rows = [
         ("step time (predicted)", f"{pred.step_time_s:.3f} s"),
         ("  resource lower bound", f"{pred.lower_bound_s:.3f} s"),
@@ -46,6 +48,8 @@ def format_table(pred: Prediction) -> str:
             rows.append((f"traffic {k} / step", f"{v / GIB:.2f} GiB"))
     rows.append(("GPU memory peak / GPU", f"{pred.memory['gpu_peak_bytes'] / GIB:.2f} GiB"))
     rows.append(("host memory", f"{pred.memory['host_bytes'] / GIB:.2f} GiB"))
+    if host_by_moments is not None:
+        rows.append(("host memory by moments", host_by_moments))
     cp = ", ".join(f"{k.lower()} {v:.3f}" for k, v in sorted(
         pred.critical_path_by_channel_s.items(), key=lambda kv: -kv[1]))
     rows.append(("critical path by channel (s)", cp))
@@ -72,6 +76,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1, sort_keys=True))
     else:
         print(describe(r))
-        print(format_table(pred))
-        print(f"host memory by moments: {describe_tiers(r.hardware, tiers)}")
+        print(format_table(pred, describe_tiers(r.hardware, tiers)))
     return 0
