@@ -71,9 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise InfeasiblePlan(e.what, e.need_bytes, e.have_bytes, f"{detail}; host memory by "
                              f"moments: {describe_tiers(r.hardware, tiers)}: {hint}") from None
     if args.json:
-        out = pred.to_json()
-        out["host_bytes_by_moments"] = {str(m): b for m, b in tiers.items()}
-        print(json.dumps(out, indent=1, sort_keys=True))
+        print(json.dumps(pred.to_json(), indent=1, sort_keys=True))
     else:
         print(describe(r))
         print(format_table(pred, describe_tiers(r.hardware, tiers)))
