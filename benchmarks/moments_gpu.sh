@@ -14,7 +14,8 @@
 #   bash benchmarks/moments_gpu.sh profile OUT  # ~5 min: `slidedp profile --quick` (with the
 #                                               #   new host.adam_{bf16,int8}_moments rows), then
 #                                               #   `slidedp predict` of the 14B case on it
-# Each prints a table; the JSON files under OUT hold every figure. single_gpu.py runs the
+# ITERS=N (default 8; the mean of the steps after the first half) shortens 8b and 14b where the
+# `rate` case shows a slow int8 update (a step of 14B updates 14.8G parameters). Each prints a table; the JSON files under OUT hold every figure. single_gpu.py runs the
 # executor on a random-weight host state (no checkpoint, no export: what `slidedp train
 # --no-checkpoint` runs between its start and final/), the steady-state step = mean of the steps
 # after --discard.
@@ -22,6 +23,8 @@ set -euo pipefail
 what=$1
 OUT=$2
 mkdir -p "$OUT"
+ITERS=${ITERS:-8}
+DISCARD=$((ITERS / 2))
 case "$what" in
 rate)
     python3 benchmarks/moments_rate.py --params 256e6 --threads 4,8,12,16 --repeats 3 \
@@ -32,10 +35,10 @@ rate)
     done ;;
 8b)
     python3 benchmarks/single_gpu.py "$OUT/8b-moments.json" qwen3-8b:4 --bf16-copy off \
-        --moments fp32,int8 --iters 8 --discard 4 ;;
+        --moments fp32,int8 --iters "$ITERS" --discard "$DISCARD" ;;
 14b)
     python3 benchmarks/single_gpu.py "$OUT/14b-int8.json" qwen3-14b:4 --bf16-copy off \
-        --moments int8 --iters 8 --discard 4 ;;
+        --moments int8 --iters "$ITERS" --discard "$DISCARD" ;;
 profile)
     python3 -m slidedp.cli profile --out "$OUT/h200-moments-profile.toml" --base h200x1 \
         --model qwen3-14b --micro-batch 4 --quick --name "h200-moments-$(date +%H%M)"
