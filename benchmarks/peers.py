@@ -64,6 +64,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 GIB = 2**30
+PREDICT_HARDWARE = "h200x1"  # the preset profiled on nvidia-h200, the machine peers_gpu.sh runs on
 SYSTEMS = ("ours", "ours-clip", "resident", "reference", "zero2")
 KERNELS = ("liger", "eager")
 PRIORITY = (("ours", "liger"), ("resident", "liger"), ("ours-clip", "liger"), ("zero2", "liger"),
@@ -148,8 +149,8 @@ def summary(rows: list[dict]) -> list[dict]:
     for (model, mb, k, system), ours in sorted(ok.items(), key=lambda kv: _order(kv[0])):
         if system != "ours":
             continue
-        s = {"model": model, "micro_batch": mb, "kernels": k, "ours_tokens_per_s":
-             ours["tokens_per_s"], "ours_tflops": ours["tflops"]}
+        s = {"model": model, "seq": ours["seq"], "micro_batch": mb, "kernels": k,
+             "ours_tokens_per_s": ours["tokens_per_s"], "ours_tflops": ours["tflops"]}
         for peer in PEERS:
             p = ok.get((model, mb, k, peer))
             s[f"ours_over_{peer}"] = ours["tokens_per_s"] / p["tokens_per_s"] if p else None
@@ -157,6 +158,28 @@ def summary(rows: list[dict]) -> list[dict]:
         s["clipped_over_unclipped"] = ours["step_s"] / clip["step_s"] if clip else None
         out.append(s)
     return out
+
+
+def predicted_clip_ratio(model: str, seq: int, mb: int, kernels: str,
+                         hardware: str = PREDICT_HARDWARE) -> tuple[float, float]:
+    """(analytic, simulated) unclipped step / clipped step (--grad-clip 1.0) of `slidedp train
+    --model M --seq S --global-batch MB --micro-batch MB` on the `hardware` preset, with the
+    default plan and the row's kernels: the prediction the measured clipped / unclipped is
+    compared with."""
+    from slidedp.model.predict import predict
+    from slidedp.sim.simulator import simulate
+    from slidedp.spec.hardware import load_hardware
+    from slidedp.spec.model import load_model
+    from slidedp.spec.plan import Kernels, default_plan, plan_for_clipping
+    from slidedp.spec.workload import Workload
+
+    hw = load_hardware(hardware)
+    wl = Workload(load_model(model), seq, mb, mb, 1)
+    plain = default_plan(hw.fabric.kind).with_overrides(kernels=Kernels(kernels))
+    clipped = plan_for_clipping(plain, 1.0)
+    analytic = predict(hw, wl, plain).step_time_s / predict(hw, wl, clipped).step_time_s
+    sim = simulate(hw, wl, plain).step_time_s / simulate(hw, wl, clipped).step_time_s
+    return analytic, sim
 
 
 def _order(key: tuple) -> tuple:
@@ -185,14 +208,18 @@ def markdown(rows: list[dict], metas: list[dict]) -> str:
     lines += ["", "Ratios (tokens/s of ours over the peer's, same kernels and micro-batch; clipped "
               "= unclipped step s / clipped step s):", "",
               "| model | mb | kernels | ours tokens/s | ours TFLOP/s | / GPU-resident | "
-              "/ ZeRO-Offload | / reference | clipped / unclipped |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "/ ZeRO-Offload | / reference | clipped / unclipped | predicted, simulated "
+              f"({PREDICT_HARDWARE}) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in summary(rows):
+        pred = (predicted_clip_ratio(s["model"], s["seq"], s["micro_batch"], s["kernels"])
+                if s["clipped_over_unclipped"] is not None else None)
         lines.append(
             f"| {s['model']} | {s['micro_batch']} | {s['kernels']} | "
             f"{s['ours_tokens_per_s']:,.0f} | {s['ours_tflops']:.0f} | "
             f"{_f(s['ours_over_resident'], '.3f')} | {_f(s['ours_over_zero2'], '.3f')} | "
-            f"{_f(s['ours_over_reference'], '.3f')} | {_f(s['clipped_over_unclipped'], '.3f')} |")
+            f"{_f(s['ours_over_reference'], '.3f')} | {_f(s['clipped_over_unclipped'], '.3f')} | "
+            f"{'-' if pred is None else f'{pred[0]:.3f}, {pred[1]:.3f}'} |")
     lines += ["", "Calls:", ""]
     for m in metas:
         lines.append(f"- {m.get('date')} {m.get('gpu')} ({m.get('cpus')} cores, "

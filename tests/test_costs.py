@@ -220,6 +220,7 @@ def test_dma_draws_on_all_host_memory_traffic_only_when_that_is_measured(tmp_pat
     plan = replace(default_plan("nvswitch"), grad_route=GradRoute.CPU)  # HOST_SUM too
     g = build_graph(wl, plan, cores=32, iterations=1)
     for hw, mem in ((load_hardware("h200x2"), False), (_with_memory_cap(tmp_path, 400.0), True)):
+        hw = replace(hw, explicit_topology=None)  # the flat machine's resources (flat_host.py)
         use = resource_use(g, hw, task_durations(g, hw, wl))
         assert ("host.mem" in use.names) == mem
         dram = use.index("host.dram")

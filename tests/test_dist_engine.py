@@ -14,8 +14,11 @@ processes; the test then checks, from what each rank recorded:
                starts before the last ADAM of u in iteration t ended (one host clock)
   memory       host PSS summed over the ranks grows by the shared state once, not once per rank
   clipping     four route combinations again with grad_clip = CLIP (deferred update, the norm
-               summed from every process's chunks): against plain torch with clip_grad_norm_,
-               clipping every step; I1-I3 as above
+               summed from every process's chunks) in the joined schedule: against plain torch
+               with clip_grad_norm_, clipping every step; I1-I3 as above
+  split        two of them in the split schedule (plan.clip_schedule, the default: step t's
+               update runs in step t+1, the final one flushed): against plain torch as above,
+               and every compute task saw the bytes its joined twin saw (I1: the same versions)
 Adam's eps is 1e-6 here: with 1e-8 one element whose gradient is ~1e-8 turns FP32 summation-order
 noise into a sign-flipped update of lr size, and the single-process engine alone is already
 1.1e-4 from torch on the 3-rank batch (one k_proj element); with 1e-6 every route is within 1e-5.
@@ -63,6 +66,7 @@ SYNC_COMBO = "sharded-gpu-sharded"  # also run in the engine's sync mode (one th
 CLIP = 0.5  # below every step's gradient norm here: clips every step
 CLIPPED = ("replicated-gpu-rank0", "replicated-cpu-rank0", "sharded-gpu-sharded",
            "sharded-cpu-sharded")
+SPLIT = ("replicated-cpu-rank0", "sharded-gpu-sharded")  # host sums, two workers / update shares
 # the split embedding update: the rows reduced to rank 0 or per update share on the GPUs, or
 # summed on the host (with the BF16 host copy, or per update share); untied: a zero-gradient bulk
 ROWS = ("replicated-gpu-rank0", "sharded-gpu-sharded", "sharded-cpu-rank0",
@@ -90,7 +94,9 @@ def combos() -> dict[str, Plan]:
                     d2h_staging_chunks=2, offload_ratio=0.5, host_bf16_copy=copy,
                     update_workers=2 if upd == "rank0" else 1)
     for name in CLIPPED:  # run with grad_clip = CLIP, which defers the update
-        out[f"{name}-clip"] = replace(out[name], defer_update=True)
+        out[f"{name}-clip"] = replace(out[name], defer_update=True, clip_schedule="joined")
+    for name in SPLIT:
+        out[f"{name}-clip-split"] = replace(out[name], defer_update=True, clip_schedule="split")
     for name in ROWS:  # the embedding's update split (plan.embedding_rows)
         out[f"{name}-rows"] = replace(out[name], embedding_rows=True)
     for name in ROWS_UNTIED:
@@ -183,6 +189,7 @@ def _worker(out_dir: Path, device: str, dtype: torch.dtype) -> None:
                     rec["records"] += [(r.iteration, r.kind, r.unit, r.rank, r.chunk,
                                         res.origin_s + r.start_s, res.origin_s + r.end_s)
                                        for r in res.timeline.records]
+                eng.flush()  # the last step's update, where the plan leaves it to the next step
             rec["seen"] = seen
             if rank == 0:
                 rec["masters"] = [hs.unit_master(u).clone() for u in range(len(numels))]
@@ -285,8 +292,13 @@ def test_i1_same_version_on_every_rank(run):
         seen = [ranks[r][name]["seen"] for r in range(R)]
         versions = ranks[0][name]["versions"]
         assert seen[0] and all(s.keys() == seen[0].keys() for s in seen), name
+        # split: the master lags its uploads by a step's commit; its joined twin's do not
+        twin = ranks[0][name.removesuffix("-split")]["seen"] if name.endswith("-split") else None
         for (it, kind, unit), d in seen[0].items():
             assert all(s[(it, kind, unit)] == d for s in seen), f"{name}: {kind} t{it} u{unit}"
+            if twin is not None:
+                assert d == twin[(it, kind, unit)], f"{name}: {kind} t{it} u{unit} not joined's"
+                continue
             assert d == versions[it][unit], f"{name}: {kind} t{it} u{unit} not version {it}"
 
 
@@ -295,7 +307,7 @@ def _expected_per_unit(name: str, R: int, kind: Kind) -> dict[int, list[int]]:
     runs (a collective's chunk is -1)."""
     plan = combos()[name]
     g = build_graph(workload(config(name), R), plan, host_cores(), iterations=1,
-                    first_delivery=not plan.splits_embedding)
+                    first_delivery=not plan.splits_embedding, update_pending=plan.splits_update)
     chunks: dict[int, list[int]] = defaultdict(list)
     for v in np.flatnonzero(g.kind == int(kind)):
         chunks[int(g.unit[v])].append(int(g.chunk[v]))

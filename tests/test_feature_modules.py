@@ -47,7 +47,7 @@ FEATURES: dict[str, dict] = {
     },
     "compact_moments": {
         "names": ("moments",),
-        "modules": ("slidedp/graph/features/compact_moments.py",),
+        "modules": ("slidedp/graph/features/compact_moments.py", "slidedp/model/state_tier.py"),
         # the GraphMeta field, and the two rules of the ADAM's row that read it (its rate and
         # its DRAM bytes per parameter)
         "declared": {"slidedp/graph/tasks.py": ("moments",),
@@ -58,6 +58,8 @@ FEATURES: dict[str, dict] = {
     "topology": {
         "names": ("topology", "socket", "sockets", "numa", "pcie_switch", "root_port"),
         "modules": ("slidedp/graph/topology.py",),
+        # its machine's registration in costs.MACHINES: an import and an entry
+        "declared": {"slidedp/graph/costs.py": ("topology", "TopologyHost")},
     },
     "moe": {
         "names": ("moe", "expert", "experts"),

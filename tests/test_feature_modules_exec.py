@@ -33,7 +33,19 @@ FEATURES = {
         names=frozenset({"defer_update", "deferred_update", "DeferredUpdate", "grad_clip",
                          "clip_at"}),
         own=frozenset({"features/deferred_update.py"}),
-        allowed={"adamw.py": "AdamWConfig declares grad_clip (the optimizer's option)"}),
+        allowed={"adamw.py": "AdamWConfig declares grad_clip (the optimizer's option)",
+                 "features/split_update.py": "the deferred update's split schedule: it takes "
+                                             "the joined one's host sums and clips by grad_clip"}),
+    "split_update": FeatureNames(
+        names=frozenset({"split_update", "SplitUpdate", "splits_update", "update_pending",
+                         "adamw_chunk_into", "UPDATE_CAST", "update_cast"}),
+        own=frozenset({"features/split_update.py"}),
+        allowed={"adamw.py": "adamw_chunk_into, the update written into the upload chunk (the "
+                             "optimizer's kernels)",
+                 "buffers.py": "the staging ring holds UPDATE_CAST's chunks too",
+                 "dist/ownership.py": "UPDATE_CAST runs where the CAST it replaces would",
+                 "features/deferred_update.py": "the joined schedule runs where the plan does "
+                                                "not split the update"}),
     "grad_widen": FeatureNames(
         names=frozenset({"grad_widen", "GradWiden", "WidenOnHost", "grad_wire_bytes",
                          "download_narrow"}),

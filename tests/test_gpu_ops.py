@@ -4,7 +4,9 @@ model counts, fused kernels move fewer bytes, and the check against measured who
 The check: the same code, from the H200's microbenchmarks and datasheet ([gpu.ops] of h200x2),
 predicts the fwd + bwd times of one decoder layer measured on the lent H200
 (shared/data/h200x2-probe.md, transformers' Qwen3DecoderLayer, SDPA, seq 4096). Those times are
-data here, not inputs: nothing in [gpu.ops] was set from them.
+data here, not inputs: nothing in [gpu.ops] was set from them (its elementwise rates come from
+Liger-Kernel's public microbenchmarks of the same kernels, its GEMM and copy rates from one
+8192^3 product and one copy).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from slidedp.spec.gpu_ops import (
     layer_ops,
     layer_seconds,
     policy_recompute_seconds,
+    reference_achieved_rows,
     wave_efficiency,
 )
 from slidedp.spec.hardware import load_hardware, parse_hardware, preset_dir
@@ -42,6 +45,18 @@ MEASURED_MS = {
 def _predicted_ms(model: str, micro_batch: int, preset: str = "h200x2") -> float:
     t = layer_seconds(load_model(model), SEQ, micro_batch, load_hardware(preset).gpu)
     return (t["fwd"] + t["bwd"]) * 1e3
+
+
+def _probe_loop_ms(model: str, micro_batch: int, preset: str = "h200x2") -> float:
+    """One timed iteration of the probe (shared/tools/layer_probe.py): the layer's fwd + bwd, plus
+    what its loop adds: y.backward(torch.ones_like(y)) fills the output gradient (2 B per output
+    element) and autograd adds each iteration's gradients into the .grad the warm-up left on the
+    input and on every parameter (6 B per element: two reads and a write, BF16), at the copy
+    rate."""
+    m, gpu = load_model(model), load_hardware(preset).gpu
+    elements = SEQ * micro_batch * m.hidden
+    extra = (2 + 6) * elements + 6 * m.layer_params()
+    return _predicted_ms(model, micro_batch, preset) + extra / gpu.ops.copy_bps * 1e3
 
 
 @pytest.mark.parametrize("model", ["qwen3-4b", "qwen3-14b", "llama-3.1-8b"])
@@ -66,7 +81,7 @@ def test_fused_kernels_move_fewer_bytes_and_launch_fewer_kernels():
         assert (e.flops, e.shape) == (f.flops, f.shape)
         assert f.hbm_bytes <= e.hbm_bytes and f.kernels <= e.kernels
     norm = {o.phase: o.kernels for o in eager if o.name.startswith("input_norm")}
-    assert norm == {"fwd": 8, "bwd": 12}  # the eager norm's kernels (module docstring)
+    assert norm == {"fwd": 8, "bwd": 16}  # the eager norm's kernels (module docstring)
     gpu = load_hardware("h200x2").gpu
     t = {k: layer_seconds(m, SEQ, 1, gpu, k) for k in ("eager", "fused")}
     assert t["fused"]["fwd"] < t["eager"]["fwd"] and t["fused"]["bwd"] < t["eager"]["bwd"]
@@ -88,21 +103,18 @@ def test_layer_time_grows_with_the_micro_batch_and_sac_recomputes_less_than_the_
 
 
 @pytest.mark.parametrize("case", sorted(MEASURED_MS), ids=lambda c: f"{c[0]}-b{c[1]}")
-@pytest.mark.xfail(strict=True, reason=(
-    "the microbenchmark-only model predicts the H200 layers 13-18% fast (predicted vs measured "
-    "in this test's case table); GEMM rates at the layers' shapes and sustained, the eager "
-    "elementwise rates and SDPA's rates on the H200 are not measured yet "
-    "(benchmarks/gpu_ops_microbench.py measures them)"))
 def test_h200_layer_times_from_microbenchmarks_within_5_percent(case):
-    pred = _predicted_ms(*case)
-    assert pred == pytest.approx(MEASURED_MS[case], rel=0.05)
+    """The probe's iteration from [gpu.ops] within 5% of its measured time, every case."""
+    assert _probe_loop_ms(*case) == pytest.approx(MEASURED_MS[case], rel=0.05)
 
 
-@pytest.mark.parametrize("case", sorted(MEASURED_MS), ids=lambda c: f"{c[0]}-b{c[1]}")
-def test_h200_layer_times_from_microbenchmarks_within_20_percent(case):
-    """Where the model stands today (the 5% test above is the target)."""
-    pred = _predicted_ms(*case)
-    assert pred == pytest.approx(MEASURED_MS[case], rel=0.20)
+def test_h200_layer_times_mean_error_and_the_probe_loop_share():
+    """The nine cases' mean error stays below 3%; the probe loop's own additions are a small
+    part of each iteration (0.4% at micro-batch 16 to 3.1% at 1)."""
+    errs = [abs(_probe_loop_ms(*c) / ms - 1) for c, ms in MEASURED_MS.items()]
+    assert sum(errs) / len(errs) < 0.03
+    for c in MEASURED_MS:
+        assert 0 < _probe_loop_ms(*c) / _predicted_ms(*c) - 1 < 0.035
 
 
 def test_unprofiled_gpus_rank_as_their_datasheets_and_stay_below_peak():
@@ -173,3 +185,33 @@ def test_microbenchmark_script_runs_on_the_cpu(tmp_path):
     assert d["gemm_measured"] and all(len(r) == 4 for r in d["gemm_measured"])
     assert set(d["elementwise_fraction"]) == {"rmsnorm", "rope", "swiglu", "residual"}
     assert d["copy_gbps"] > 0 and "default" in next(iter(d["attention_tflops"].values()))
+
+
+def _achieved_script():
+    import importlib.util
+
+    path = ROOT / "benchmarks" / "achieved_from_gpu_ops.py"
+    spec = importlib.util.spec_from_file_location("achieved_from_gpu_ops", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+UNPROFILED = ["a800x4", "a800x4-nobridge", "a800x8", "a800x8-nobridge", "h100x4", "h100x8",
+              "rtx4090x4"]
+
+
+def test_unprofiled_presets_take_their_achieved_rows_from_gpu_ops():
+    """Every preset with [gpu.ops] and no measured layer carries exactly the rows gpu_ops gives
+    (benchmarks/achieved_from_gpu_ops.py rewrites nothing), with a source saying so; the
+    profiled H200 presets keep their measured rows."""
+    script = _achieved_script()
+    assert script.unprofiled_presets() == UNPROFILED
+    for name in UNPROFILED:
+        text = (preset_dir() / f"{name}.toml").read_text()
+        assert script.rewritten(text, name) == text, f"{name}: run the script"
+        gpu = load_hardware(name).gpu
+        assert gpu.sources["achieved"].startswith("derived: spec/gpu_ops.py")
+        flat = [v for row in reference_achieved_rows(gpu) for v in row]
+        assert [v for h, t, r in gpu.achieved for v in (h, t, r / 1e12)] == pytest.approx(flat)
+    assert load_hardware("h200x2").gpu.sources["achieved"].startswith("h200x2-probe.md")

@@ -17,7 +17,7 @@ from slidedp.graph.layout import grad_ring_sizes
 from slidedp.graph.sizes import chunk_ranges, shard_ranges
 from slidedp.spec.errors import SpecError
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import GradRoute, ParamRoute, Plan
+from slidedp.spec.plan import ClipSchedule, GradRoute, ParamRoute, Plan
 from slidedp.spec.workload import Workload
 
 
@@ -33,12 +33,21 @@ def test_graph_invariants(wl, plan):
     adam = g.kind == Kind.ADAM
     keys = Counter(zip(g.iteration[adam].tolist(), g.unit[adam].tolist(), g.chunk[adam].tolist(), strict=True))
     assert max(keys.values()) == 1
-    for t in range(2):
+    for t in [1] if plan.splits_update else range(2):  # split: step t's update runs in t + 1
         for u in units:
             m = adam & (g.iteration == t) & (g.unit == u)
             lo, hi = np.sort(g.elem_lo[m]), np.sort(g.elem_hi[m])
             assert lo[0] == 0 and hi[-1] == g.unit_params[u]
             assert np.all(lo[1:] == hi[:-1])
+    if not plan.splits_update:  # split: tests/test_split_update.py checks its gates
+        _check_version_gates(g, plan, units)
+    # ORDER edges follow each agent's issue order
+    order = g.edge_kind == EdgeKind.ORDER
+    assert np.all(g.agent[g.edge_src[order]] == g.agent[g.edge_dst[order]])
+    assert order.sum() == sum(max(len(a) - 1, 0) for a in g.agent_tasks)
+
+
+def _check_version_gates(g, plan, units):
     # a version-gate edge from each unit's update in t=0 to its first delivery in t=1
     gate = g.edge_gate
     src, dst = g.edge_src[gate], g.edge_dst[gate]
@@ -54,10 +63,6 @@ def test_graph_invariants(wl, plan):
         first_fwd = _is_forward_delivery(g, v)
         if first_fwd:
             assert np.any(dst == v), g.label(v)
-    # ORDER edges follow each agent's issue order
-    order = g.edge_kind == EdgeKind.ORDER
-    assert np.all(g.agent[g.edge_src[order]] == g.agent[g.edge_dst[order]])
-    assert order.sum() == sum(max(len(a) - 1, 0) for a in g.agent_tasks)
 
 
 def _is_forward_delivery(g, v) -> bool:
@@ -86,8 +91,10 @@ def test_compute_order_and_deliveries(wl, plan):
 
 @given(small_workloads(), small_plans())
 def test_deferred_update_waits_for_every_download(wl, plan):
-    """defer_update: every ADAM of iteration t has every D2H of t among its ancestors; without
-    it, some ADAM starts before the last D2H (when there are two gradient chunks or more)."""
+    """defer_update, joined: every ADAM of iteration t has every D2H of t among its ancestors;
+    without it, some ADAM starts before the last D2H (when there are two gradient chunks or
+    more)."""
+    plan = replace(plan, clip_schedule=ClipSchedule.JOINED)
     g = build_graph(wl, replace(plan, defer_update=True), cores=8, iterations=2)
     g0 = build_graph(wl, replace(plan, defer_update=False), cores=8, iterations=2)
     assert np.array_equal(np.sort(g.kind), np.sort(g0.kind))  # same tasks, one ADAM per chunk
@@ -144,6 +151,9 @@ def test_buffer_fields_name_each_chunks_path(wl, plan, rows):
         assert g.staging_slot[v] == (g.buffer[casts[0]] if casts else -1), g.label(v)
     for v in np.flatnonzero(np.isin(g.kind, [Kind.D2H, Kind.HOST_SUM])).tolist():
         a = int(g.grad_reader[v])
+        if a < 0:  # split: the last step's update stays pending, its reader in no graph
+            assert plan.splits_update and g.iteration[v] == 1, g.label(v)
+            continue
         assert (v, a) in succ and g.kind[a] in (Kind.HOST_SUM, Kind.ADAM), g.label(v)
         assert (g.unit[a], g.elem_lo[a], g.elem_hi[a], g.rows[a]) == (
             g.unit[v], g.elem_lo[v], g.elem_hi[v], g.rows[v])
@@ -205,11 +215,12 @@ def test_step_join_orders_every_task_of_the_next_step(wl, plan):
     assert np.all(g.iteration[g.edge_src[join]] == 0) and np.all(g.iteration[g.edge_dst[join]] == 1)
     last0 = max(np.flatnonzero(g.iteration == 0))
     # every agent's first task of step 1 waits (through JOIN) on every agent's last task of step 0
-    busy = [tasks for tasks in g.agent_tasks if len(tasks)]  # no cast agent with a host BF16 copy
-    for tasks in busy:
+    # agents busy in a step: no cast agent with a host BF16 copy, no ADAM in the split's step 0
+    busy = [[tasks for tasks in g.agent_tasks if any(g.iteration[tasks] == t)] for t in (0, 1)]
+    for tasks in busy[1]:
         first1 = min(v for v in tasks if g.iteration[v] == 1)
         preds = set(g.edge_src[join & (g.edge_dst == first1)].tolist())
-        assert preds == {max(v for v in other if g.iteration[v] == 0) for other in busy}
+        assert preds == {max(v for v in other if g.iteration[v] == 0) for other in busy[0]}
         assert max(preds) <= last0
     free = build_graph(wl, dataclasses.replace(plan, step_join=False), cores=4, iterations=2)
     assert not np.any(free.edge_kind == EdgeKind.JOIN)

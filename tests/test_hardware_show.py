@@ -27,9 +27,9 @@ def test_show_names_sockets_switches_and_gpus_and_draws_a_png(tmp_path):
     out = run("hardware", "show", "a800x8", "--plot", str(png))
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for words in ("socket 0", "socket 1", "switch 1", "GPU 3 under switch 1 on socket 0",
-                  "GPU 7 under switch 3 on socket 1", "NVLink bridges 0-1, 2-3, 4-5, 6-7",
-                  "within a socket", "all GPUs at once: 34.8 GB/s H2D"):
+    for words in ("socket 0", "socket 1", "switch 1", "GPU 3 under switch 0 on socket 0",
+                  "GPU 7 under switch 2 on socket 1", "NVLink bridges 0-1, 2-3, 4-5, 6-7",
+                  "below a common switch", "all GPUs at once: 34.8 GB/s H2D"):
         assert words in text, words
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -27,7 +27,7 @@ def test_every_kind_has_one_rule():
     assert list(KINDS) == list(Kind)
     assert all(rule.agent in AGENT_KINDS for rule in KINDS.values())
     cpu = {k for k, r in KINDS.items() if r.load is Load.CPU}
-    assert cpu == {Kind.CAST, Kind.ADAM, Kind.HOST_SUM}
+    assert cpu == {Kind.CAST, Kind.ADAM, Kind.HOST_SUM, Kind.UPDATE_CAST}
     assert all(KINDS[k].dram_bytes is not None for k in cpu)
 
 

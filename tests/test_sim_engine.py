@@ -92,7 +92,7 @@ def test_cli_simulate_json_trace_plot(tmp_path, capsys):
     p = json.loads(capsys.readouterr().out)
     assert set(p) <= set(d)
     assert set(d["exposed_by_channel_s"]) >= {"UPLOAD", "UPDATE"}
-    assert "host.dram" in d["utilization"] and d["step_time_s"] >= d["lower_bound_s"]
+    assert "socket0.dram" in d["utilization"] and d["step_time_s"] >= d["lower_bound_s"]
     assert d["analytic"]["step_time_s"] == pytest.approx(p["step_time_s"])
     assert json.loads(trace.read_text())["traceEvents"] and plot.stat().st_size > 10_000
     gz = tmp_path / "t.json.gz"  # a .gz name: the same trace, gzip-compressed

@@ -13,13 +13,12 @@ import tomllib
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import SRC, topologies
 
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import hardware_presets, load_hardware, parse_hardware, preset_dir
 from slidedp.spec.topology import Hop, merged, path_capacity_bps
 from slidedp.spec.units import GB, GIB
-
-SRC = "test: a number for the test"
 
 
 def _raw(name: str) -> dict:
@@ -118,55 +117,6 @@ def test_merged_sums_the_shares_of_a_resource_crossed_twice():
 
 
 # ---- random topologies --------------------------------------------------------------------------
-
-
-@st.composite
-def topologies(draw):
-    """(hardware dict with a random valid [topology], its switch of each GPU)."""
-    n_sockets = draw(st.integers(1, 3))
-    n_gpus = draw(st.integers(1, 8))
-    n_switches = draw(st.integers(1, 5))
-    rate = st.floats(1.0, 500.0)
-    sockets = [{"cores": draw(st.integers(1, 64)), "ram_gib": float(draw(st.integers(1, 512))),
-                "dram_gbps": draw(rate), "source": SRC} for _ in range(n_sockets)]
-    for s in sockets:
-        for key in ("dma_h2d_gbps", "dma_d2h_gbps", "dma_duplex_gbps", "p2p_gbps"):
-            if draw(st.booleans()):
-                s[key] = draw(rate)
-    switches = []
-    for i in range(n_switches):
-        sw = {"socket": draw(st.integers(0, n_sockets - 1)), "h2d_gbps": draw(rate),
-              "d2h_gbps": draw(rate), "source": SRC,
-              "kind": draw(st.sampled_from(["switch", "root-port"]))}
-        same = [j for j in range(i) if switches[j]["socket"] == sw["socket"]]
-        if same and draw(st.booleans()):
-            sw["parent"] = draw(st.sampled_from(same))  # parents before children: a tree
-        for key in ("duplex_gbps", "p2p_gbps"):
-            if draw(st.booleans()):
-                sw[key] = draw(rate)
-        switches.append(sw)
-    gpus = {"switch": [draw(st.integers(0, n_switches - 1)) for _ in range(n_gpus)],
-            "p2p": draw(st.sampled_from(["system", "socket", "switch", "none"])), "source": SRC}
-    fabric = draw(st.sampled_from(["pcie", "nvlink-pairs", "nvswitch"] if n_gpus > 1
-                                  else ["pcie", "nvswitch"]))
-    if fabric == "nvswitch":
-        gpus["nvswitch_gbps"] = draw(rate)
-    elif fabric == "nvlink-pairs":
-        gpus["nvlink"] = [[r, r + 1] for r in range(0, n_gpus - 1, 2)]
-        gpus["nvlink_gbps"] = draw(rate)
-    if gpus["p2p"] != "none" and draw(st.booleans()):
-        gpus["p2p_gbps"] = draw(rate)
-    table = {"source": SRC, "memory": draw(st.sampled_from(["interleave", "shard", "local"])),
-             "socket": sockets, "switch": switches, "gpus": gpus}
-    if n_sockets > 1:
-        table["socket_link_gbps"] = draw(rate)
-    raw = _raw("h200x2")
-    raw["gpu"]["count"] = n_gpus
-    raw["host"]["cores"] = sum(s["cores"] for s in sockets)
-    raw["host"]["ram_gib"] = sum(s["ram_gib"] for s in sockets)
-    raw["fabric"]["kind"] = fabric
-    raw["topology"] = table
-    return raw
 
 
 @given(topologies())

@@ -60,6 +60,21 @@ def selection_hardware(opts: dict) -> HardwareSpec:
                    host=replace(rates.host, ram_bytes=here.host.ram_bytes, cores=here.host.cores))
 
 
+def earlier_plan(opts: dict) -> Path | None:
+    """OUT/plan.toml where --resume continues a run that chose it (the plan is not chosen
+    again); None where OUT holds none; SpecError naming --out where it holds one without
+    --resume."""
+    out = Path(opts["out"])
+    path = out / PLAN_FILE
+    if not path.exists():
+        return None
+    if opts["resume"]:
+        print(f"plan: {path}, chosen when the run started", flush=True)
+        return path
+    raise SpecError(str(out), "--out", f"a directory without an earlier run (it holds "
+                    f"{PLAN_FILE}; pass --resume to continue it, or choose another --out)")
+
+
 def select_plan(opts: dict) -> Path:
     """Choose the plan for the resolved train options; the path of OUT/plan.toml."""
     for key in CHOSEN:
@@ -67,14 +82,10 @@ def select_plan(opts: dict) -> Path:
             raise SpecError("command line", f"--{key.replace('_', '-')}", "unset with --plan "
                             "auto (AutoPolicy chooses routes, chunks and the window; give a plan "
                             "file to fix them)")
+    if (earlier := earlier_plan(opts)) is not None:
+        return earlier
     out = Path(opts["out"])
     path = out / PLAN_FILE
-    if path.exists():
-        if opts["resume"]:
-            print(f"plan: {path}, chosen when the run started", flush=True)
-            return path
-        raise SpecError(str(out), "--out", f"a directory without an earlier run (it holds "
-                        f"{PLAN_FILE}; pass --resume to continue it, or choose another --out)")
     hw = selection_hardware(opts)
     wl = Workload(load_model(opts["model"]), opts["seq"], opts["global_batch"],
                   opts["micro_batch"], opts["nproc"], where="command line")

@@ -10,11 +10,15 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from slidedp.graph.layout import grad_wire_bytes
+from slidedp.spec.elements import FP32_BYTES
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware
 from slidedp.spec.model import load_model
 from slidedp.spec.plan import (
+    ClipSchedule,
     GradRoute,
     GradWiden,
     Kernels,
@@ -28,7 +32,12 @@ from slidedp.spec.plan import (
 )
 from slidedp.spec.workload import Workload
 
+if TYPE_CHECKING:
+    from slidedp.policy.chooser import Choice
+
 DEFAULTS = {"hardware": "h200x2", "model": "qwen3-8b", "seq": 4096, "micro_batch": 4}
+AUTO_SIM = "auto-sim"  # --plan: the default chooser's plan, simulated only (policy/chooser.py)
+DEFAULT = "default"  # --plan: the documented default plan (spec/plan.py default_plan)
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -44,7 +53,13 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
 def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g = p.add_argument_group("plan (override the --plan file)")
     g.add_argument("--plan", help="plan TOML file ([plan] table)" + (
-        ", or `auto`: AutoPolicy chooses it (slidedp/commands/autoplan.py)" if auto else ""))
+        f"; `auto`: AutoPolicy chooses it with real probes (slidedp/commands/autoplan.py); "
+        f"`{AUTO_SIM}`: the default chooser's plan, simulated on this machine's profile (or on "
+        f"--hardware); `{DEFAULT}`: the documented default plan. Without --plan: {AUTO_SIM} on "
+        f"a GPU, {DEFAULT} on a CPU (slidedp/commands/default_choice.py)" if auto else
+        f"; `{AUTO_SIM}`: the default chooser's plan on --hardware (the plan options given "
+        "stay, the simulator chooses the rest; slidedp/policy/chooser.py); "
+        f"`{DEFAULT}` or no --plan: the documented default plan (docs/autopolicy.md)"))
     g.add_argument("--param-route", choices=[e.value for e in ParamRoute])
     g.add_argument("--grad-route", choices=[e.value for e in GradRoute])
     g.add_argument("--update-sharding", choices=[e.value for e in UpdateSharding])
@@ -55,8 +70,13 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
     g.add_argument("--host-bf16-copy", action="store_true", default=None,
                    help="keep a BF16 copy on the host written by the update (no cast pass)")
     g.add_argument("--defer-update", action="store_true", default=None,
-                   help="run every update after the whole backward, as exact gradient clipping "
-                   "needs (+4 B/param host memory; train defers whenever it clips)")
+                   help="hold every update until the whole gradient is on the host, as exact "
+                   "gradient clipping needs (train defers whenever it clips)")
+    g.add_argument("--clip-schedule", choices=[e.value for e in ClipSchedule],
+                   help="how a deferred update (clipping) runs: split (the default: each "
+                   "update is cast straight into the next step's forward upload and committed "
+                   "in its backward; +2 B/param host memory) or joined (every update after "
+                   "the backward, before the next step; +4 B/param; the reference)")
     g.add_argument("--no-step-join", action="store_true",
                    help="let step t+1 start under the version gates alone, without the executor's "
                    "join of every agent at the step boundary (a what-if: the executor joins)")
@@ -82,7 +102,7 @@ def add_clip_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-clip", type=float, metavar="X",
                    help="the plan of an optimizer that clips the global gradient norm to X, as "
                    "`slidedp train --grad-clip X` runs it (spec/plan.py plan_for_clipping: every "
-                   "update deferred after the backward); 0: no clipping, as without the option")
+                   "update deferred, by --clip-schedule); 0: no clipping, as without the option")
 
 
 def grad_clip(value: float | None, where: str = "command line",
@@ -102,6 +122,7 @@ class Resolved:
     hardware: HardwareSpec
     workload: Workload
     plan: Plan
+    choice: Choice | None = None  # --plan auto-sim: the default chooser's choice
 
 
 # The smallest chunk a command accepts (--chunk-mib, and a plan file's h2d_chunk_mib /
@@ -139,11 +160,8 @@ def resolve_workload(args: argparse.Namespace, hw: HardwareSpec) -> Workload:
     return Workload(model, args.seq, gb, mb, gpus, where="command line")
 
 
-def resolve(args: argparse.Namespace) -> Resolved:
-    """Specs from the options; every failure is a SpecError naming the option or file."""
-    hw = load_hardware(args.hardware)
-    wl = resolve_workload(args, hw)
-    plan = load_plan(args.plan) if args.plan else default_plan(hw.fabric.kind)
+def with_plan_options(plan: Plan, args: argparse.Namespace) -> Plan:
+    """`plan` with the plan options given (SpecErrors name the option)."""
     over = {"param_route": args.param_route and ParamRoute(args.param_route),
             "grad_route": args.grad_route and GradRoute(args.grad_route),
             "update_sharding": args.update_sharding and UpdateSharding(args.update_sharding),
@@ -151,18 +169,45 @@ def resolve(args: argparse.Namespace) -> Resolved:
             "window_slots": args.window_slots, "offload_ratio": args.offload_ratio,
             "update_workers": args.update_workers, "host_bf16_copy": args.host_bf16_copy,
             "defer_update": getattr(args, "defer_update", None),  # train's options lack it
+            "clip_schedule": getattr(args, "clip_schedule", None) and ClipSchedule(
+                args.clip_schedule),
             "step_join": False if getattr(args, "no_step_join", False) else None,
             "embedding_rows": True if getattr(args, "embedding_rows", False) else None,
             "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen),
             "kernels": getattr(args, "kernels", None) and Kernels(args.kernels),
             "moments": getattr(args, "moments", None) and Moments(args.moments)}
     try:
-        plan = plan.with_overrides(**over)
+        return plan.with_overrides(**over)
     except SpecError as e:
         raise SpecError("command line", f"--{e.field.replace('_', '-')}", e.expected) from None
+
+
+def fixed_fields(args: argparse.Namespace) -> frozenset[str]:
+    """The fields of policy/routes.py FIXABLE that the options given set: a chooser keeps them."""
+    from slidedp.policy.routes import FIXABLE  # the simulator's imports only where a plan is chosen
+
+    return frozenset(f for f in FIXABLE if getattr(args, f, None) is not None)
+
+
+def resolve(args: argparse.Namespace) -> Resolved:
+    """Specs from the options; every failure is a SpecError naming the option or file. With
+    --plan auto-sim, the default chooser's plan (policy/chooser.py) on --hardware, with the
+    options given kept fixed."""
+    hw = load_hardware(args.hardware)
+    wl = resolve_workload(args, hw)
+    chooser = args.plan == AUTO_SIM
+    given = args.plan not in (None, DEFAULT, AUTO_SIM)  # a plan file
+    plan = load_plan(args.plan) if given else default_plan(hw.fabric.kind)
+    plan = with_plan_options(plan, args)
     plan = plan_for_clipping(plan, grad_clip(getattr(args, "grad_clip", None)))  # train: its own
-    check_chunk_mib(plan, "command line" if args.chunk_mib is not None else str(args.plan or "plan"))
-    return Resolved(hw, wl, plan)
+    where = str(args.plan) if given and args.chunk_mib is None else "command line"
+    check_chunk_mib(plan, where)
+    if not chooser:
+        return Resolved(hw, wl, plan)
+    from slidedp.policy.chooser import choose
+
+    choice = choose(hw, wl, plan, fixed_fields(args), hw.gpu.hbm_bytes)
+    return Resolved(hw, wl, choice.plan, choice)
 
 
 def describe_workload(hw: HardwareSpec, w: Workload) -> str:
@@ -177,6 +222,24 @@ def describe(r: Resolved) -> str:
     return (f"{describe_workload(r.hardware, r.workload)} | "
             f"params {p.param_route}, grads {p.grad_route}, update {p.update_sharding} | chunks "
             f"{p.h2d_chunk_mib:g}/{p.d2h_chunk_mib:g} MiB | window {p.window_slots} | "
-            f"offload r={p.offload_ratio:g}{' | update deferred' if p.defer_update else ''}"
+            f"offload r={p.offload_ratio:g}"
+            f"{f' | update deferred, {p.clip_schedule}' if p.defer_update else ''}"
             f"{' | embedding rows split' if p.splits_embedding else ''} | gradients widened "
-            f"on the {p.grad_widen} | kernels {p.kernels} | moments {p.moments}")
+            f"on the {_widened_on(p, r.workload.gpus)} | kernels {p.kernels} | moments {p.moments}")
+
+
+def print_choice(r: Resolved) -> None:
+    """The default chooser's summary, where --plan auto-sim chose the plan."""
+    if r.choice is not None:
+        print("\n".join(r.choice.summary(r.hardware.name)))
+
+
+def with_choice(d: dict, r: Resolved) -> dict:
+    """A command's JSON with the default chooser's choice under "plan_choice" (--plan auto-sim)."""
+    return d if r.choice is None else d | {"plan_choice": r.choice.to_json()}
+
+
+def _widened_on(p: Plan, ranks: int) -> str:
+    """Where a gradient chunk becomes FP32: the host where BF16 comes down (grad_widen = host,
+    or the split clipping schedule's held gradient), else the GPU."""
+    return "gpu" if grad_wire_bytes(p, ranks) == FP32_BYTES else "host"

@@ -10,8 +10,11 @@ from slidedp.commands.common import (
     add_plan_options,
     add_workload_options,
     describe,
+    print_choice,
     resolve,
+    with_choice,
 )
+from slidedp.model.idle import EXPOSURE_HELP
 from slidedp.model.predict import Prediction, predict
 from slidedp.model.state_tier import TIERS, describe_tiers, host_bytes_by_tier
 from slidedp.spec.errors import InfeasiblePlan
@@ -21,7 +24,8 @@ from slidedp.spec.units import GIB
 def register(sub) -> None:
     p = sub.add_parser("predict", help="analytic step-time prediction",
                        description="Predict the steady-state step time of a workload and plan "
-                       "with the analytic model (resource bounds + critical path).")
+                       "with the analytic model (resource bounds + critical path).",
+                       epilog=EXPOSURE_HELP)
     add_workload_options(p)
     add_plan_options(p)
     add_clip_option(p)
@@ -71,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
         raise InfeasiblePlan(e.what, e.need_bytes, e.have_bytes, f"{detail}; host memory by "
                              f"moments: {describe_tiers(r.hardware, tiers)}: {hint}") from None
     if args.json:
-        print(json.dumps(pred.to_json(), indent=1, sort_keys=True))
+        print(json.dumps(with_choice(pred.to_json(), r), indent=1, sort_keys=True))
     else:
         print(describe(r))
+        print_choice(r)
         print(format_table(pred, describe_tiers(r.hardware, tiers)))
     return 0

@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import tomllib
 from pathlib import Path
 
 from slidedp.commands.common import DEFAULTS, positive
 from slidedp.profile import sizes as sizes_mod
-from slidedp.spec.hardware import load_hardware, parse_hardware
+from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
 
 
@@ -34,8 +33,14 @@ def register(sub) -> None:
     p.add_argument("--seq", type=int, nargs="+", default=[DEFAULTS["seq"]],
                    help="sequence lengths of the layer timing (default %(default)s)")
     p.add_argument("--micro-batch", type=int, nargs="+",
-                   help="micro-batches of the layer timing (default 1 4 16; --quick 1 4)")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and threads: under a minute")
+                   help="micro-batches of the layer timing (default 1 4 16; --quick 1 4; "
+                   "--chooser 4)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer sizes and threads")
+    size.add_argument("--chooser", action="store_true", help="the default chooser's profile "
+                      "(`slidedp train` on a GPU without --plan): 3 host rounds at 1 thread, the "
+                      "team size and all cores; give the workload's --model, --seq and "
+                      "--micro-batch (default 4)")
     p.add_argument("--host-rounds", type=int, help="rounds of the host rates over the thread "
                    "counts, each on fresh buffers (default: 7 with --quick, else 9); more on a "
                    "machine whose host speed varies with where its memory lands")
@@ -49,26 +54,23 @@ def command_line(args: argparse.Namespace, micro_batches: tuple[int, ...], name:
     line = (f"slidedp profile --out {args.out} --model {' '.join(args.model)} --seq "
             f"{' '.join(map(str, args.seq))} --micro-batch {' '.join(map(str, micro_batches))} "
             f"--name {name}")
-    return (line + (" --quick" if args.quick else "")
+    return (line + (" --quick" if args.quick else "") + (" --chooser" if args.chooser else "")
             + (f" --host-rounds {args.host_rounds}" if args.host_rounds else "")
             + (f" --base {args.base}" if args.base else ""))
 
 
 def run(args: argparse.Namespace) -> int:
     # torch and transformers load here, not when the CLI starts
-    from slidedp.profile.assemble import Assembler, require_base, unmeasured
-    from slidedp.profile.compute import one_layer_config
-    from slidedp.profile.fabric import fabric_kind, gpu_link_matrix, read_topology
     from slidedp.profile.machine import probe_machine
-    from slidedp.profile.run import Profiler, Request
+    from slidedp.profile.measure import measure, request
     from slidedp.profile.summary import summary
-    from slidedp.profile.tomlw import dumps
 
     for v in args.seq:
         positive(v, "--seq")
     for v in args.micro_batch or ():
         positive(v, "--micro-batch")
-    sizes = sizes_mod.QUICK if args.quick else sizes_mod.FULL
+    sizes = (sizes_mod.CHOOSER if args.chooser else sizes_mod.QUICK if args.quick
+             else sizes_mod.FULL)
     if positive(args.host_rounds, "--host-rounds"):
         sizes = dataclasses.replace(sizes, host_rounds=args.host_rounds)
     micro_batches = tuple(args.micro_batch or sizes.micro_batches)
@@ -76,15 +78,7 @@ def run(args: argparse.Namespace) -> int:
     base = load_hardware(args.base) if args.base else None
     models = tuple(load_model(m) for m in args.model)
     machine = probe_machine()
-    topology = read_topology() if machine.gpu_count >= 2 else ""
-    kind = fabric_kind(gpu_link_matrix(topology)) if topology else None
-    missing = unmeasured(machine, kind)
-    require_base(missing, base)
-    if machine.gpu_count:
-        for spec in models:
-            one_layer_config(spec)
-    req = Request(sizes, models if machine.gpu_count else (), tuple(args.seq), micro_batches,
-                  topology, kind)
+    req, missing = request(machine, sizes, models, tuple(args.seq), micro_batches, base)
 
     cmd = command_line(args, micro_batches, name)
     print(cmd)
@@ -92,16 +86,14 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"from {base.origin}, not measurable here: "
               + "; ".join(f"{k} ({why})" for k, why in missing.items()))
-    res = Profiler(machine, req).run()
-    doc = Assembler(machine, req, res, base).document(name)
-    text = dumps(doc, f"Written by: {cmd}\n{machine.source('see each section')}")
-    spec = parse_hardware(tomllib.loads(text), args.out)  # the schema's own checks, before writing
-    Path(args.out).write_text(text)
+    prof = measure(machine, req, base, name, cmd, args.out)
+    Path(args.out).write_text(prof.text)
     rounds = rounds_path(args.out)
     rounds.write_text(json.dumps({"hardware": name, "command": cmd, "units": ROUNDS_UNITS,
-                                  "samples": res.host_rounds.rows()}, indent=1) + "\n")
-    print(summary(req, res, spec, args.out))
+                                  "samples": prof.results.host_rounds.rows()}, indent=1) + "\n")
+    print(summary(req, prof.results, prof.spec, args.out))
     print(f"every round's sample of the host rates: {rounds}")
+    print(f"profiled in {prof.wall_s:.1f} s")
     return 0
 
 

@@ -10,8 +10,11 @@ from slidedp.commands.common import (
     add_plan_options,
     add_workload_options,
     describe,
+    print_choice,
     resolve,
+    with_choice,
 )
+from slidedp.model.idle import EXPOSURE_HELP
 from slidedp.sim.engine import SimConfig
 from slidedp.sim.report import format_table, to_json
 from slidedp.sim.simulator import check_routes, simulate
@@ -24,7 +27,8 @@ ROUTE_OPTIONS = ("param_route", "update_sharding")
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="discrete-event simulation of the task graph",
                        description="Simulate the task graph with contention, bounded buffers and "
-                       "version gates; report the steady-state step and where the GPUs wait.")
+                       "version gates; report the steady-state step and where the GPUs wait.",
+                       epilog=EXPOSURE_HELP)
     add_workload_options(p)
     add_plan_options(p)
     add_clip_option(p)
@@ -50,9 +54,10 @@ def run(args: argparse.Namespace) -> int:
     res = simulate(r.hardware, r.workload, r.plan, cfg)
     d = to_json(res, r.workload, r.plan)
     if args.json:
-        print(json.dumps(d, indent=1, sort_keys=True))
+        print(json.dumps(with_choice(d, r), indent=1, sort_keys=True))
     else:
         print(describe(r))
+        print_choice(r)
         print(format_table(d))
     if args.verbose:
         print(f"simulated {res.graph.n_tasks} tasks, {res.run.events} events in {res.run.wall_s:.3f} s: "

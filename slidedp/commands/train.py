@@ -7,8 +7,13 @@ configuration is printed at start as a TOML table that --config accepts back.
 The defaults train the tiny-qwen3 preset on the bundled tiny-markov data (seq 64) for 100 steps
 (a few seconds on a CPU); for a real model set at least --model, --data, --seq and --lr.
 
---plan auto: AutoPolicy chooses the plan first (commands/autoplan.py: hardware, cap, probes)
-and writes OUT/plan.toml and OUT/plan-report.txt.
+The plan: without --plan, on a GPU the default chooser's (the simulator on this machine's
+profile, measured once and cached under ~/.cache/slidedp; the plan options given stay fixed), on
+a CPU the documented default plan at once; `--plan default` takes the documented default plan
+anywhere and `--plan auto-sim` the chooser's anywhere (commands/default_choice.py, with
+docs/autopolicy.md). --plan auto: AutoPolicy chooses the plan with real probes
+(commands/autoplan.py: hardware, cap, probes). The chosen plan is written to OUT/plan.toml with
+OUT/plan-report.txt, and config.toml names it: --resume runs it again without choosing.
 
 --nproc R > 1 trains data-parallel in R rank processes on this host (GPUs: NCCL, one GPU each;
 CPU: gloo): this process checks the options, the fit and --out (bad input: one line, exit 2),
@@ -50,14 +55,14 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slidedp.commands import train_data
-from slidedp.commands.autoplan import AUTO, select_plan
+from slidedp.commands import default_choice, train_data
+from slidedp.commands.autoplan import AUTO, PLAN_FILE, REPORT_FILE, select_plan
 from slidedp.commands.common import add_plan_options, resolve
 from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
 from slidedp.spec.errors import InfeasiblePlan, SpecError
-from slidedp.spec.plan import GradWiden, Kernels, Moments, plan_for_clipping
+from slidedp.spec.plan import ClipSchedule, GradWiden, Kernels, Moments, plan_for_clipping
 from slidedp.spec.tomlio import read_toml
 
 if TYPE_CHECKING:
@@ -79,8 +84,8 @@ DEFAULTS = {
     "param_route": None, "grad_route": None, "update_sharding": None, "chunk_mib": None,
     "window_slots": None, "offload_ratio": None, "update_workers": None, "host_bf16_copy": None,
     "skip_nonfinite": 0, "no_save_on_stop": False, "kernels": None, "defer_update": None,
-    "grad_widen": None, "embedding_rows": None, "no_step_join": None, "moments": None,
-    "no_checkpoint": False,
+    "grad_widen": None, "embedding_rows": None, "no_step_join": None, "clip_schedule": None,
+    "moments": None, "no_checkpoint": False,
 }
 INTS = {"seq", "global_batch", "micro_batch", "nproc", "timeout", "steps", "warmup_steps", "seed",
         "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers", "skip_nonfinite"}
@@ -91,6 +96,7 @@ BOOLS = {"no_shuffle", "resume", "host_bf16_copy", "no_save_on_stop", "defer_upd
 CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES,
            "kernels": tuple(k.value for k in Kernels),
            "grad_widen": tuple(g.value for g in GradWiden),
+           "clip_schedule": tuple(c.value for c in ClipSchedule),
            "moments": tuple(m.value for m in Moments)}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0,
        "skip_nonfinite": 0}
@@ -102,7 +108,8 @@ RESUME_MAY_CHANGE = ("steps", "nproc", "timeout", "device", "micro_batch", "chec
                      "param_route", "grad_route", "update_sharding", "chunk_mib", "window_slots",
                      "offload_ratio", "update_workers", "host_bf16_copy", "skip_nonfinite",
                      "no_save_on_stop", "kernels", "defer_update", "grad_widen", "embedding_rows",
-                     "no_step_join", "eval_data", "eval_every", "report_to", "no_checkpoint")
+                     "no_step_join", "eval_data", "eval_every", "report_to", "no_checkpoint",
+                     "clip_schedule")
 NOT_SAVED = ("out", "resume")  # options of the invocation, not of the run: not in config.toml
 # the data, eval, export and logging options (commands/train_data.py)
 DEFAULTS |= train_data.DEFAULTS
@@ -148,8 +155,10 @@ def register(sub) -> None:
     o.add_argument("--lr-schedule", choices=SCHEDULES, help="after a linear warmup (default cosine)")
     o.add_argument("--warmup-steps", type=int, help="default 10")
     o.add_argument("--grad-clip", type=float,
-                   help="clip the global L2 gradient norm to this (exact: defers the update); "
-                   "0: no clipping (the default)")
+                   help="clip the global L2 gradient norm to this, exactly as clip_grad_norm_ "
+                   "then AdamW: the update waits for the norm and runs by --clip-schedule "
+                   "(split, the default: it overlaps the next step); 0: no clipping (the "
+                   "default)")
     c = p.add_argument_group("checkpoints and output")
     c.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 0: "
                    "only after the last step)")
@@ -318,7 +327,8 @@ def build(opts: dict, source=None):
         "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
         "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
         "host_bf16_copy", "kernels", "defer_update", "grad_widen", "embedding_rows",
-        "no_step_join", "moments")}, hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
+        "no_step_join", "clip_schedule", "moments")},
+        hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"],
         gpus=ranks)
     r = resolve(ns)
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
@@ -376,6 +386,8 @@ def run_here(args: argparse.Namespace, signals: StopSignals) -> RunEnd:
         if created:  # bad input leaves no run directory behind
             lock.release(unlink=True)
             with contextlib.suppress(OSError):
+                for name in (PLAN_FILE, REPORT_FILE):  # a plan chosen before the input failed
+                    (out / name).unlink(missing_ok=True)
                 out.rmdir()
         raise
     finally:
@@ -389,8 +401,8 @@ def _run_locked(opts: dict, out: Path, signals: StopSignals) -> RunEnd:
 
     if opts["trace"]:
         check_trace(Path(opts["trace"]))
+    source = default_choice.settle(opts, precheck_data)  # the first lines: which plan and why
     print(format_config(opts), flush=True)
-    source = None
     if opts["plan"] == AUTO:  # the rank processes below read the chosen plan's file
         source = precheck_data(opts)  # bad data fails now, not after the selection's probes
         opts["plan"] = str(select_plan(opts))

@@ -5,13 +5,16 @@ and simulated predictions (slidedp/validate/).
                      [--iters 15 --discard 8 --runs 2] [--machine NAME] [--select 'h200m-4b-*']
     slidedp validate --predict-only [--hardware NEW.toml] [--select 'h200x2-*'] [--out validation]
     slidedp validate --import-results validation/imports.toml [--out validation]
+    slidedp validate --cross-kind [FILE] [--json] [--out validation] [--select GLOB]
 
-Each run ends by rewriting SUMMARY.md and summary.csv over every stored case under --out.
+Each run ends by rewriting SUMMARY.md and summary.csv over every stored case under --out, except
+--cross-kind, which reads the stored cases and writes nothing (slidedp/validate/cross_kind.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -42,8 +45,15 @@ def register(sub) -> None:
                       help="recompute the predictions of stored cases; run nothing")
     mode.add_argument("--import-results", metavar="PROVENANCE.toml",
                       help="turn earlier benchmark results into stored cases (slidedp/validate/importer.py)")
+    mode.add_argument("--cross-kind", nargs="?", const="", metavar="FILE",
+                      help="predict the stored cases of the larger kinds from one one-GPU "
+                      "profile and each kind's machine file (cores, sockets, links), beside the "
+                      "same-kind error of that profile; FILE: a cross-kind file (default: the "
+                      "package's, slidedp/presets/cross-kind/cross-kind.toml); writes nothing")
+    p.add_argument("--json", action="store_true", help="with --cross-kind: print only the result "
+                   "as JSON (errors in percent of the measured step)")
     p.add_argument("--select", default="*", help="only the cases whose names match this glob (of "
-                   "the cases file; with --predict-only, of the stored case folders)")
+                   "the cases file; with --predict-only or --cross-kind, of the stored case folders)")
     p.set_defaults(func=run)
 
 
@@ -116,10 +126,36 @@ def measure(a: argparse.Namespace, root: Path) -> list[str]:
                          stored=lambda name: write_predictions(root / name, a.hardware, []))
 
 
+def cross_kind(a: argparse.Namespace) -> int:
+    """--cross-kind: the result as JSON (--json) or a few lines; nothing is written."""
+    from slidedp.validate.cross_kind import run as run_cross_kind
+
+    r = run_cross_kind(Path(a.out), a.cross_kind or None, a.select)
+    if a.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print(f"profile {r['profile']} ({r['profile_file']})")
+    for key in ("same_kind", "cross_kind"):
+        s = r[key]
+        fig = (f"{s['mean_pct']:.1f}% mean, {s['max_pct']:.1f}% max (analytic "
+               f"{s['analytic_mean_pct']:.1f}% / {s['analytic_max_pct']:.1f}%), worst "
+               f"{s['worst']}" if s["cases"] else "no case")
+        print(f"{key}: {s['cases']} cases, simulated {fig}")
+    for m, s in r["cross_kind"]["by_machine"].items():
+        print(f"  {m}: {s['cases']} cases, {s['mean_pct']:.1f}% mean, {s['max_pct']:.1f}% max")
+    for e in r["excluded"]:
+        print(f"excluded {e['case']}: {e['reason']}")
+    return 0
+
+
 def run(a: argparse.Namespace) -> int:
     from slidedp.validate.importer import import_results
     from slidedp.validate.summary import write_summary
 
+    if a.json and a.cross_kind is None:
+        raise SpecError("command line", "--json", "used with --cross-kind")
+    if a.cross_kind is not None:
+        return cross_kind(a)
     root = Path(a.out)
     failed: list[str] = []
     if a.import_results:

@@ -51,6 +51,7 @@ class AdamWConfig:
 
 WIDEN_BLOCK = 1 << 22  # elements widened and updated at a time (16 MiB FP32): 4-6% faster than
 # 1 << 20 on nvidia-h200-x2 at 12 and 24 threads (benchmarks/probes/widen_block_probe.py)
+ALIGN = 64  # elements: a multiple of every vector width of torch's CPU kernels
 _scratch = threading.local()  # per update thread: its FP32 block, allocated once
 
 
@@ -84,6 +85,42 @@ def adamw_chunk(
         if clip < 1.0:
             wide.mul_(clip)
         _fused(param[lo:hi], wide, exp_avg[lo:hi], exp_avg_sq[lo:hi], step, cfg, lr)
+
+
+def adamw_chunk_into(
+    out: torch.Tensor,
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    cfg: AdamWConfig,
+    lr: float,
+    clip: float,
+    lo: int,
+) -> None:
+    """Elements [lo, lo + len(out)) of the parameters adamw_chunk(param, grad, ...) would
+    leave in `param`, written into `out` (its dtype: the BF16 upload chunk), with `param`,
+    `grad` and the moments untouched. Bit for bit adamw_chunk's: torch's fused kernel computes
+    an element alike wherever it sits, except in the scalar tail of the range it is called on
+    (the last elements past a multiple of the vector width), so each range here starts at a
+    multiple of ALIGN from the start of one of adamw_chunk's ranges (its WIDEN_BLOCK blocks, a
+    multiple of ALIGN long) and ends where that range ends. The range is copied into per-thread
+    FP32 blocks and updated there."""
+    blocks = getattr(_scratch, "state", None)
+    if blocks is None:
+        blocks = _scratch.state = torch.empty(4, WIDEN_BLOCK, dtype=torch.float32)
+    hi = lo + len(out)
+    for b0 in range(lo // WIDEN_BLOCK * WIDEN_BLOCK, hi, WIDEN_BLOCK):
+        a = b0 + (max(lo, b0) - b0) // ALIGN * ALIGN
+        z = min(len(param), b0 + WIDEN_BLOCK)
+        p, g, m, v = (b[:z - a].copy_(x[a:z])
+                      for b, x in zip(blocks, (param, grad, exp_avg, exp_avg_sq), strict=True))
+        if clip < 1.0:
+            g.mul_(clip)
+        _fused(p, g, m, v, step, cfg, lr)
+        w0, w1 = max(lo, a), min(hi, z)
+        out[w0 - lo:w1 - lo].copy_(p[w0 - a:w1 - a])
 
 
 def _fused(param, grad, exp_avg, exp_avg_sq, step: int, cfg: AdamWConfig, lr: float) -> None:

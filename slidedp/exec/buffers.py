@@ -82,10 +82,12 @@ class Buffers:
     def _host(self, spec: BufferSpec, tpl: Template, plan: Plan, dtype: torch.dtype,
               session: DistSession | None) -> None:
         """The staging ring, the gradient rings and the norm entries: pinned, or shared."""
-        ring_chunks = tpl.g.meta.grad_ring_chunks
-        grad_chunks = {key: ring_chunks[key]
-                       for key in sorted({key for srcs in tpl.grad_src for key, _ in srcs})}
-        staging_elems, grad_elems = tpl.largest(Kind.CAST), tpl.largest(Kind.D2H)
+        g, ring_chunks = tpl.g, tpl.g.meta.grad_ring_chunks
+        d2hs = (g.kind == Kind.D2H).nonzero()[0].tolist()  # each writes the ring it names
+        grad_chunks = {key: ring_chunks[key] for key in sorted(
+            {(int(g.ring_rank[v]), int(g.ring_worker[v])) for v in d2hs})}
+        staging_elems = max(tpl.largest(Kind.CAST), tpl.largest(Kind.UPDATE_CAST))
+        grad_elems = tpl.largest(Kind.D2H)
         staging_numel = plan.staging_chunks * staging_elems
         grad_numel = HostRings.grad_numel(grad_chunks, grad_elems)
         if session is None:

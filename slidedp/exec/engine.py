@@ -235,7 +235,7 @@ class Engine:
             self.host_state.steps += 1  # this step's update of every unit is done
         if self.session is not None:
             loss, sqnorm = self.session.all_reduce_sum([loss, sqnorm])
-        skipped = any(f.skips_update(sqnorm) for f in self.features)
+        skipped = any([f.skips_update(sqnorm) for f in self.features])  # each one told
         if may_skip:  # counted once the global norm is known; no rank reads the count before
             if counts and not skipped:
                 self.host_state.steps += 1
@@ -267,6 +267,16 @@ class Engine:
             rope=self.runner.rope(wl.seq_len, None if position_ids is None else
                                   position_ids[mine].to(self.device).split(mb)),
             loss=torch.zeros((), dtype=torch.float32, device=self.device))
+
+    def flush(self) -> None:
+        """Finish the last step's update where the plan leaves part of it to the next step
+        (exec/features/split_update.py), so that the host state is the last step's. Call it
+        before reading the host state between steps (evaluation, checkpoints, exports); with R
+        ranks every process calls it (it joins them)."""
+        for f in self.features:
+            f.flush()
+        if self.session is not None:
+            self.session.barrier()
 
     def host_state_changed(self) -> None:
         """The host state was written outside the steps: a feature that keeps part of it on the

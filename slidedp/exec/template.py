@@ -16,7 +16,8 @@ process of rank `rank`:
     h2d_src[v]      H2D: the staging-ring slot its CAST wrote (-1: it reads the host copy)
     worker[v]       D2H, HOST_SUM, ADAM: the update worker whose ring / accumulator it uses
     norm_slot[v]    a producer of an aggregated gradient chunk (a D2H read by ADAM directly, or
-                    a HOST_SUM): its index among them, in id order (where its squared norm goes)
+                    by none in this step: its ADAM is a later step's; or a HOST_SUM): its index
+                    among them, in id order (where its squared norm goes)
 The roles come from the tasks' own fields (TaskGraph.staging_slot, ring_rank, ring_worker,
 buffer, grad_reader). ORDER edges are the walk itself; a DATA or BUFFER edge between two local
 tasks of one agent is too.
@@ -88,9 +89,12 @@ class Template:
                 self.h2d_src[v] = staging[v]
             elif k == Kind.D2H:
                 self.worker[v] = ring_worker[v]
+                if reader[v] < 0:  # its chunk's ADAM runs in a later step: it feeds it directly
+                    producer[v] = True
+                    continue
                 self.grad_src[reader[v]].append(((ring_rank[v], ring_worker[v]), slot[v]))
                 producer[v] = self.kind[reader[v]] == Kind.ADAM
-            elif k == Kind.HOST_SUM:
+            elif k == Kind.HOST_SUM and reader[v] >= 0:
                 a = reader[v]
                 self.summed[a] = True
                 self.grad_src[a].append(((ring_rank[a], ring_worker[a]), slot[a]))

@@ -27,6 +27,9 @@ Checkpoints go to OUT/checkpoints/step-N (exec/checkpoint.py: atomic, the newest
 model goes to OUT/final in `save_dtype` (else `dtype`), with the source directory's tokenizer and
 generation config (exec/io/export.py). With `eval_data`, the eval loss (exec/evaluate.py) is
 added to the metrics row of every `eval_every`-th step and of the last (key eval_loss).
+Every rank flushes the engine (Engine.flush: the split clipping schedule finishes a step's
+update in the next step) before anything reads the host state: the evaluation, a checkpoint,
+the export; a step after a flush starts with nothing pending.
 
 R > 1 (`slidedp train --nproc R`): every rank process runs a Trainer with its DistSession.
 Every rank reads the same global batches (the Engine picks its rows); local rank 0 creates and
@@ -333,6 +336,7 @@ class Trainer:
             finally:
                 if log is not None:
                     log.close()
+            self.engine.flush()  # every rank; the export reads the host state
             if self.lead:
                 if cfg.trace is not None and self.last is not None:
                     with writing(cfg.trace):
@@ -352,6 +356,7 @@ class Trainer:
         row = metrics_row(self.step, res, lr, cfg.global_batch * cfg.seq)
         if self.evaluator is not None and (self.step == cfg.steps or (
                 cfg.eval_every and self.step % cfg.eval_every == 0)):
+            self.engine.flush()  # the evaluation reads the host state: every rank
             row["eval_loss"] = self.evaluator.loss()  # every rank: a collective
         stop = signals.first if signals is not None else None
         if sess is not None:  # one all-reduce: the stop agreement and the summed PSS
@@ -372,6 +377,8 @@ class Trainer:
         every = cfg.checkpoint_every
         saved = cfg.checkpoints and (self.step == cfg.steps
                                      or bool(every and self.step % every == 0))
+        if saved or stop is not None:  # a checkpoint or the export reads the host state next
+            self.engine.flush()  # every rank: the saved and stop decisions are alike on all
         if saved and self.lead:
             self.save_checkpoint()
         if stop is None or self.step == cfg.steps:

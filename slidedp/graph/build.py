@@ -54,11 +54,12 @@ class Builder:
     """
 
     def __init__(self, wl: Workload, plan: Plan, cores: int, iterations: int,
-                 first_delivery: bool):
+                 first_delivery: bool, update_pending: bool = False):
         m = wl.model
         self.wl, self.plan, self.m = wl, plan, m
         self.R, self.L = R, L = wl.gpus, m.n_layers
         self.iterations, self.first_delivery, self.cores = iterations, first_delivery, cores
+        self.update_pending = update_pending
         self.units = m.unit_params()
         self.head_u = L + 1
         self.tokens = wl.tokens_per_gpu_step
@@ -112,6 +113,8 @@ class Builder:
         rec, R = self.rec, self.R
         if gates is None:
             gates = self.gates.get(u, []) if gated else []
+            for f in self.features:
+                gates = f.delivery_gates(t, u, gated, gates)
         per_rank = self.up_plans[u]
         order: list[tuple[int, int]] = []  # distinct chunks in cast order
         owners: dict[tuple[int, int], list[int]] = {}
@@ -129,8 +132,11 @@ class Builder:
             src = -1
             if not self.plan.host_bf16_copy:
                 i, prev = self.staging.take()
-                src = rec.task(Kind.CAST, t, u, -1, k, self.cast, hi - lo, lo, hi,
-                               threads=self.cast_threads, buffer=i)
+                src = next((x for f in self.features
+                            if (x := f.cast_task(t, u, k, lo, hi, i)) is not None), None)
+                if src is None:
+                    src = rec.task(Kind.CAST, t, u, -1, k, self.cast, hi - lo, lo, hi,
+                                   threads=self.cast_threads, buffer=i)
                 rec.edges(prev, src, BUFFER)
                 self.gate(src, lo, hi, gates)
             for r in owners[(lo, hi)]:
@@ -260,6 +266,8 @@ class Builder:
             s.last[r] = v
             s.head.append(v)
             self.readers[("head", r)] = [v]
+        for f in self.features:
+            f.before_head_gradient(t)
         s.new_adam[self.head_u] = self.reduce_and_update(t, self.head_u, s.head, None)
         for f in self.features:
             f.after_head(t)
@@ -344,11 +352,13 @@ class Builder:
 
 
 def build_graph(wl: Workload, plan: Plan, cores: int, iterations: int = 2,
-                first_delivery: bool = True) -> TaskGraph:
+                first_delivery: bool = True, update_pending: bool = False) -> TaskGraph:
     """The task graph of `iterations` consecutive steps (>= 2 so that version gates exist).
     first_delivery=False leaves out iteration 0's delivery of a unit that each step delivers
     for the next one (a feature's choice): the executor's per-step template, which delivers it
-    once itself before its first step."""
+    once itself before its first step. update_pending=True starts iteration 0 with the previous
+    step's update pending, as every later iteration does (a feature's choice): the executor's
+    per-step template of a schedule that finishes a step's update in the next step."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
-    return Builder(wl, plan, cores, iterations, first_delivery).build()
+    return Builder(wl, plan, cores, iterations, first_delivery, update_pending).build()

@@ -56,11 +56,9 @@ class FlatHost:
             self.names.append("host.mem")
             cap["host.mem"] = max(memory_bps, cap["host.dram"])
         self.capacity = cap
-        self.copy_traffic = "host.mem" if self.has_mem else None
-        self.kernel_dram = "host.dram"
         self.dma = "host.mem" if self.has_mem else "host.dram"  # where the DMA draws
         slowdown = h.dma_slowdown_bps() if self.has_mem else None
-        self.dma_slowdown_bps = slowdown or 0.0
+        self.slowdowns = [(slowdown, "host.mem", "host.dram")] if slowdown else []
         self.dma_weight = h.dram_dma_weight if self.has_mem else 0.0
         if slowdown is not None:  # the slowdown's linear bound (module docstring)
             self.dma_weight = cap["host.dram"] / (slowdown + min(cap["host.mem"], cap["host.pcie"]))

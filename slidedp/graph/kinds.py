@@ -34,6 +34,12 @@ Durations (rates.py holds the shared helpers):
                 (GraphMeta.adam_writes_copy) each ADAM also writes the BF16 copy from the updated
                 master, a cast pass of its chunk by the update worker's team (engine._run_adam):
                 + elements / (cast rate x share) and the cast's DRAM bytes
+  UPDATE_CAST   parameters / (Adam rate(threads, gradient bytes) x its DRAM bytes ratio x share):
+                a pending AdamW of the chunk computed in cache and written as BF16 only
+                (features/split_update.py), reading what an ADAM reads and writing 2 B instead
+                of the FP32 master and moments; Adam's rate on this host is bound by the bytes it
+                moves, so it runs at Adam's rate x (ADAM's DRAM bytes / its own) (an estimate
+                until profiled: rates.update_cast_dram_bytes)
   HOST_SUM      bytes / host DRAM rate (rates.dram_bps)
   ALLGATHER, REDUCE  the fabric's collective time (ring bytes / bus rate + latency)
 CAST and ADAM also get the executor's dispatch cost per task on its CPU agent where measured
@@ -52,10 +58,10 @@ has:
     draws(t)    the task's draws: a copy's along its path (link, switch, root port, socket
                 memory), a CPU kernel's on the cores and memory it runs on, a collective's on the
                 fabric; t carries the task id, so a machine may read anything else of the graph
-    dma_slowdown_bps, copy_traffic, kernel_dram
-                the copies' slowdown of the CPU kernels (ResourceUse.dma_slowdown_bps; 0: none),
-                the resource the copies' host-memory bytes are drawn on (None: none) and the CPU
-                kernels' cap that the slowdown scales
+    slowdowns   the copies' slowdown of the CPU kernels, one (S, copy_traffic, kernel_dram)
+                per memory where measured (HostSpec.dma_slowdown_bps): S in bytes/s, the
+                resource the copies' bytes of that memory are drawn on and the CPU kernels' cap
+                on it that the slowdown scales; [] where none
 Names every machine keeps, as the simulator and the reports read them: gpu{r}.compute is GPU r's
 compute stream (capacity 1, drawn in seconds), and a core pool is a resource named `*.cores`
 (drawn in core-seconds; the simulator shares it by threads). flat_host.FlatHost is the flat
@@ -72,7 +78,13 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from slidedp.graph.rates import adam_dram_bytes, dram_bps, layer_times_s, recompute_s
+from slidedp.graph.rates import (
+    adam_dram_bytes,
+    dram_bps,
+    layer_times_s,
+    recompute_s,
+    update_cast_dram_bytes,
+)
 from slidedp.graph.tasks import AGENT_KINDS, COLLECTIVE_OPS, Channel, GraphMeta, Kind, TaskGraph
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.workload import Workload
@@ -106,9 +118,7 @@ class Machine(Protocol):
 
     names: list[str]
     capacity: dict[str, float]
-    dma_slowdown_bps: float
-    copy_traffic: str | None
-    kernel_dram: str
+    slowdowns: list[tuple[float, str, str]]
 
     def draws(self, t: TaskLoad) -> list[tuple[str, float]]: ...
 
@@ -189,6 +199,12 @@ def _adam_s(c: KindInputs, idx: np.ndarray) -> np.ndarray:
     return s + c.cast_s(idx) if g.meta.adam_writes_copy else s
 
 
+def _update_cast_s(c: KindInputs, idx: np.ndarray) -> np.ndarray:
+    g = c.g
+    rates = np.array([_update_cast_rate(c.hw, g, t, 0.0) for t in g.threads[idx]])
+    return g.work[idx] / (rates * c.share[idx])
+
+
 def _host_sum_s(c: KindInputs, idx: np.ndarray) -> np.ndarray:
     return c.g.work[idx] / dram_bps(c.g, c.hw)
 
@@ -209,6 +225,10 @@ def _adam_dram(g: TaskGraph, hw: HardwareSpec) -> float:
                                      else 0)
 
 
+def _update_cast_dram(g: TaskGraph, hw: HardwareSpec) -> float:
+    return update_cast_dram_bytes(g, hw)
+
+
 def _sum_dram(g: TaskGraph, hw: HardwareSpec) -> float:
     return 1  # its work is the bytes it moves
 
@@ -219,6 +239,11 @@ def _cast_rate(hw: HardwareSpec, g: TaskGraph, threads: float, work: float) -> f
 
 def _adam_rate(hw: HardwareSpec, g: TaskGraph, threads: float, work: float) -> float:
     return hw.host.adam_rate(threads, g.meta.grad_wire_bytes, g.meta.moments)
+
+
+def _update_cast_rate(hw: HardwareSpec, g: TaskGraph, threads: float, work: float) -> float:
+    bytes_ratio = adam_dram_bytes(g, hw) / update_cast_dram_bytes(g, hw)
+    return hw.host.adam_rate(threads, g.meta.grad_wire_bytes) * bytes_ratio
 
 
 def _cast_weight(hw: HardwareSpec, g: TaskGraph) -> float:
@@ -253,6 +278,8 @@ KINDS: dict[Kind, KindRule] = {
     Kind.D2H: KindRule(C.DOWNLOAD, "d2h", "bytes", _d2h_s, Load.D2H),
     Kind.ADAM: KindRule(C.UPDATE, "update", "parameters", _adam_s, Load.CPU, _update_team,
                         _adam_dram, _adam_rate),
+    Kind.UPDATE_CAST: KindRule(C.UPLOAD, "cast", "parameters", _update_cast_s, Load.CPU,
+                               _cast_team, _update_cast_dram, _update_cast_rate),
 }
 
 # derived views of the table

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from slidedp.graph.tasks import Kind, TaskGraph
-from slidedp.spec.elements import FP32_BYTES
+from slidedp.spec.elements import FP32_BYTES, PARAM_BYTES
 from slidedp.spec.hardware import HardwareSpec
 from slidedp.spec.plan import Moments
 from slidedp.spec.segments import policy_cost, segment_costs
@@ -83,6 +83,13 @@ def adam_dram_bytes(g: TaskGraph, hw: HardwareSpec) -> float:
     moments = Moments(g.meta.moments).bytes_per_param  # read and written once each
     return (hw.host.adam_dram_bytes_per_param - FP32_BYTES + g.meta.grad_wire_bytes
             - 2 * (Moments.FP32.bytes_per_param - moments))
+
+
+def update_cast_dram_bytes(g: TaskGraph, hw: HardwareSpec) -> float:
+    """Host DRAM bytes an UPDATE_CAST moves per parameter: an ADAM's reads (the gradient, the
+    master and the moments) and a BF16 write, where the ADAM writes the FP32 master and moments
+    (3 x FP32_BYTES)."""
+    return adam_dram_bytes(g, hw) - 3 * FP32_BYTES + PARAM_BYTES
 
 
 def task_gaps_s(g: TaskGraph, hw: HardwareSpec) -> np.ndarray:

@@ -3,7 +3,8 @@
 A task is (iteration, kind, unit, rank, chunk) with an agent (a serial server: a CUDA stream or
 a CPU worker) and its work in natural units:
     compute kinds        FLOPs                 copies and collectives   bytes
-    CAST, ADAM           parameters            HOST_SUM                 bytes read from DRAM
+    CAST, ADAM,          parameters            HOST_SUM                 bytes read from DRAM
+    UPDATE_CAST
 Units are the streamed pieces of the model: 0 = embedding, 1..L = decoder layers, L+1 = final
 norm + LM head. Fields that do not apply are -1. Edges are typed: DATA (reads what the
 predecessor wrote; the version gate I3 is a DATA edge flagged `gate`), ORDER (program order on
@@ -48,6 +49,7 @@ class Kind(IntEnum):
     HOST_SUM = 12
     D2H = 13
     ADAM = 14
+    UPDATE_CAST = 15  # a pending update's BF16 result into the staging ring (features/split_update.py)
 
 
 class EdgeKind(IntEnum):

@@ -7,6 +7,7 @@
     C              GPU compute per step (the busiest rank's compute stream)
     H              the busiest non-compute resource or agent per step (host work, PCIe, fabric)
     E              step - max(C, H): the exposed remainder that neither hides
+    gpu_idle_s     per rank, step - that rank's compute (model/idle.py)
     R_cross        C(1) / H with C(1) = R * C: the GPU count at which a fixed global batch turns
                    host-bound (method.md section 5)
 """
@@ -24,6 +25,7 @@ from slidedp.graph.kinds import KINDS
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.model.bounds import resource_bound
 from slidedp.model.critical_path import longest_path
+from slidedp.model.idle import gpu_idle_s
 from slidedp.model.memory import check_fits, gpu_footprint, host_footprint
 from slidedp.model.traffic import graph_traffic_bytes
 from slidedp.spec.hardware import HardwareSpec
@@ -45,6 +47,7 @@ class Prediction:
     host_s: float
     host_resource: str
     exposed_s: float
+    gpu_idle_s: list[float]
     r_cross: float
     busy_s: dict[str, float]
     critical_path_by_channel_s: dict[str, float]
@@ -153,6 +156,7 @@ def predict(hw: HardwareSpec, wl: Workload, plan: Plan) -> Prediction:
         tokens_per_s=wl.tokens_per_step / step, bottleneck=bottleneck,
         bottleneck_utilization=busy[bottleneck] / step, compute_s=c, host_s=h,
         host_resource=host_res, exposed_s=max(0.0, step - max(c, h)),
+        gpu_idle_s=gpu_idle_s(step, busy, wl.gpus),
         r_cross=(wl.gpus * c) / h if h > 0 else float("inf"), busy_s=busy,
         critical_path_by_channel_s=by_channel,
         traffic_bytes=traffic,

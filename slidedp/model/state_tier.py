@@ -12,12 +12,10 @@ that fits hw.host.ram_bytes and says why, or raises InfeasiblePlan naming the sm
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from slidedp.model.memory import host_footprint
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import HardwareSpec
-from slidedp.spec.plan import Moments, Plan
+from slidedp.spec.plan import Moments, Plan, with_moments
 from slidedp.spec.units import GIB
 from slidedp.spec.workload import Workload
 
@@ -26,7 +24,7 @@ TIERS = (Moments.FP32, Moments.BF16, Moments.INT8)  # preferred first (module do
 
 def host_bytes_by_tier(wl: Workload, plan: Plan) -> dict[Moments, float]:
     """The plan's whole host footprint (bytes) with each moments format."""
-    return {m: sum(host_footprint(wl, replace(plan, moments=m)).values()) for m in TIERS}
+    return {m: sum(host_footprint(wl, with_moments(plan, m)).values()) for m in TIERS}
 
 
 def describe_tiers(hw: HardwareSpec, sizes: dict[Moments, float]) -> str:
@@ -42,9 +40,9 @@ def choose_tier(hw: HardwareSpec, wl: Workload, plan: Plan) -> tuple[Plan, str]:
     for m in TIERS:
         if sizes[m] <= hw.host.ram_bytes:
             if m == TIERS[0]:
-                return replace(plan, moments=m), f"moments {m}: the host holds the FP32 state " \
+                return with_moments(plan, m), f"moments {m}: the host holds the FP32 state " \
                                                  f"(host memory by moments: {table})"
-            return replace(plan, moments=m), (
+            return with_moments(plan, m), (
                 f"moments {m}: the cheapest format whose host state fits (host memory by "
                 f"moments: {table})")
     raise InfeasiblePlan("host memory", sizes[TIERS[-1]], hw.host.ram_bytes,

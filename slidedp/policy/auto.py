@@ -50,6 +50,8 @@ A probe with a prepare() method (policy/probe.py) is asked to start building wha
 once the route ranking has found a plan that fits, so that the build overlaps the simulated
 stages.
 The cap is applied by lowering the hardware's HBM size to min(HBM, cap) for every check.
+The fields named in `fixed` (routes.FIXABLE: the options a user gave) keep the base plan's value
+through every stage; AutoPolicy chooses the rest.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from slidedp.policy.activations import (
 from slidedp.policy.milp import PolicyData, memory_bytes, solve
 from slidedp.policy.report import GIB, ActivationChoice, Finalist, PolicyReport
 from slidedp.policy.routes import (
+    FIXABLE,
     TIE_REL,
     Probe,
     Scored,
@@ -82,7 +85,7 @@ from slidedp.policy.routes import (
     rank,
     window_candidates,
 )
-from slidedp.sim.batch import StepTimes
+from slidedp.sim.batch import SimSummary, StepTimes
 from slidedp.sim.simulator import simulate
 from slidedp.spec.errors import InfeasiblePlan
 from slidedp.spec.hardware import HardwareSpec
@@ -113,11 +116,15 @@ def activation_budget_bytes(hw: HardwareSpec, wl: Workload, plan: Plan) -> float
 
 
 def _route_ranking(hw: HardwareSpec, wl: Workload, base: Plan, notes: list[str],
-                   sims: StepTimes) -> list[Scored]:
-    """Ranked feasible route candidates; raising the offload ratio when none fits at r = 0."""
-    for r in (base.offload_ratio, *OFFLOAD_STEPS):
+                   sims: StepTimes, fixed: frozenset[str]) -> list[Scored]:
+    """Ranked feasible route candidates; raising the offload ratio when none fits at r = 0
+    (unless the ratio is fixed)."""
+    ratios = (base.offload_ratio,) if "offload_ratio" in fixed else (base.offload_ratio,
+                                                                       *OFFLOAD_STEPS)
+    for r in ratios:
         b = replace(base, offload_ratio=r)
-        ranked = rank(hw, wl, candidates(b, wl.gpus, window_candidates(hw, wl, b)), sims=sims)
+        windows = window_candidates(hw, wl, b, fixed)
+        ranked = rank(hw, wl, candidates(b, wl.gpus, windows, fixed), sims=sims)
         if ranked:
             if r != base.offload_ratio:
                 notes.append(f"nothing fits without offload: offload ratio raised to {r:g}")
@@ -165,15 +172,19 @@ def _solve_and_place(hw: HardwareSpec, wl: Workload, route: Plan, data: list[Pol
     return None
 
 
-def _exposure(sims: StepTimes, plan: Plan) -> tuple[float, str]:
-    """(simulated step, which resource is exposed and where the GPU waits)."""
-    res = sims.summary(plan)
+def exposure_line(res: SimSummary) -> str:
+    """Which resource a simulated step exposes and where the GPU waits, in one line."""
     host, host_s = res.host
     exposed = {k: v for k, v in res.exposed_by_channel_s.items() if v > 0}
     idle = ", ".join(f"{k.lower()} {v:.3f} s" for k, v in sorted(exposed.items(), key=lambda kv: -kv[1]))
-    return res.step_time_s, (
-        f"{'GPU' if res.compute_s >= host_s else 'host'}-bound, compute {res.compute_s:.3f} s vs "
-        f"busiest other {host} {host_s:.3f} s per step; GPU idle {idle or 'none'}")
+    return (f"{'GPU' if res.compute_s >= host_s else 'host'}-bound, compute {res.compute_s:.3f} s "
+            f"vs busiest other {host} {host_s:.3f} s per step; GPU idle {idle or 'none'}")
+
+
+def _exposure(sims: StepTimes, plan: Plan) -> tuple[float, str]:
+    """(simulated step, which resource is exposed and where the GPU waits)."""
+    res = sims.summary(plan)
+    return res.step_time_s, exposure_line(res)
 
 
 def _activations(hw: HardwareSpec, wl: Workload, routes: list[Plan],
@@ -327,10 +338,12 @@ def auto_plan(
     runs_policy: Callable[[str], bool] | None = None,
     time_limit_s: float | None = None,
     sim_workers: int | None = None,
+    fixed: frozenset[str] = frozenset(),
 ) -> tuple[Plan, PolicyReport]:
     """The plan AutoPolicy chooses under `cap_bytes` of GPU memory per GPU, and its report.
 
     base: the fields AutoPolicy does not choose (default: default_plan of the fabric);
+    fixed: chosen fields that keep base's value instead (routes.FIXABLE: the options a user gave);
     probe / probe_device: real probes and where they run; calibrate: measured tau_j;
     runs_policy: the activation policies allowed (default: every policy of spec/segments.py);
     time_limit_s: the probes stop where the next would end the selection past it (_confirm;
@@ -340,13 +353,13 @@ def auto_plan(
     hw = capped(hardware, cap_bytes)
     with StepTimes(hw, workload, sim_workers) as sims:
         return _auto_plan(hw, workload, cap_bytes, sims, start, base, probe, probe_device,
-                          calibrate, runs_policy, time_limit_s)
+                          calibrate, runs_policy, time_limit_s, fixed)
 
 
 def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes, start: float,
                base: Plan | None, probe: Probe | None, probe_device: str | None,
                calibrate: Calibrate | None, runs_policy: Callable[[str], bool] | None,
-               time_limit_s: float | None) -> tuple[Plan, PolicyReport]:
+               time_limit_s: float | None, fixed: frozenset[str]) -> tuple[Plan, PolicyReport]:
     """auto_plan's stages on the capped hardware (module docstring)."""
     deadline = None if time_limit_s is None else start + time_limit_s
     base = replace(base or default_plan(hw.fabric.kind), layer_policies=())
@@ -357,7 +370,11 @@ def _auto_plan(hw: HardwareSpec, wl: Workload, cap_bytes: float, sims: StepTimes
         rep.default_route_s = simulate(hw, wl, base).step_time_s  # checks the fit first
     except InfeasiblePlan:
         rep.notes.append("the default plan does not fit the cap")
-    rep.routes = _route_ranking(hw, wl, base, rep.notes, sims)
+    if set(fixed) - set(FIXABLE):
+        raise ValueError(f"fixed: fields of {FIXABLE}, got {sorted(fixed)}")
+    if fixed:
+        rep.notes.append("kept as given: " + ", ".join(f for f in FIXABLE if f in fixed))
+    rep.routes = _route_ranking(hw, wl, base, rep.notes, sims, frozenset(fixed))
     if probe is not None and hasattr(probe, "prepare"):  # a plan fits: build what probes run on
         probe.prepare()
     routes = _finalist_routes(rep.routes, sims)

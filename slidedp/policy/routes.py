@@ -6,6 +6,8 @@ window_candidates()  GPU slots for decoder layers worth trying: the base plan's,
               activations could use instead; auto.py settles that trade on whole plans.
 candidates()  param route x grad route x chunk size (H2D = D2H) x update sharding x window; with
               one GPU only the single-GPU routes (replicated, gpu, rank0) exist.
+              A field named in `fixed` (FIXABLE: what a user's option sets) keeps the base plan's
+              value instead: the options given stay, the search fills in the rest.
 rank()        drop candidates that do not fit GPU or host memory (model/memory.py), pre-filter
               with the analytic model (slidedp.model.predict, ~0.03 s each), simulate the best
               `simulate_top` (~0.2 s each for Qwen3-8B; several at once where `sims` has worker
@@ -32,6 +34,9 @@ from slidedp.spec.workload import Workload
 
 CHUNK_MIB = (16.0, 64.0, 256.0)
 MIN_WINDOW = 2  # Plan's smallest window
+# the chosen fields a caller may fix at its base plan's value ("chunk_mib": both chunk sizes)
+FIXABLE = ("param_route", "grad_route", "update_sharding", "chunk_mib", "window_slots",
+           "offload_ratio")
 Probe = Callable[[Plan], float | None]
 # simulated steps this close to the best are a tie, broken towards larger chunks: each chunk is
 # a cast, a copy and an update dispatched from Python, a host cost per task the model leaves out,
@@ -82,9 +87,12 @@ def fits(hw: HardwareSpec, wl: Workload, plan: Plan) -> bool:
     return True
 
 
-def window_candidates(hw: HardwareSpec, wl: Workload, base: Plan) -> list[int]:
+def window_candidates(hw: HardwareSpec, wl: Workload, base: Plan,
+                      fixed: frozenset[str] = frozenset()) -> list[int]:
     """The base plan's window, the largest that fits with every layer on `layer` (<= L), and
-    their middle; ascending, without repeats."""
+    their middle; ascending, without repeats. A fixed window: the base plan's alone."""
+    if "window_slots" in fixed:
+        return [base.window_slots]
     all_layer = replace(base, layer_policies=("layer",) * wl.model.n_layers)
     top = max(MIN_WINDOW, wl.model.n_layers)
     largest = next((w for w in range(top, MIN_WINDOW - 1, -1)
@@ -94,16 +102,23 @@ def window_candidates(hw: HardwareSpec, wl: Workload, base: Plan) -> list[int]:
     return sorted({base.window_slots, (base.window_slots + largest) // 2, largest})
 
 
-def candidates(base: Plan, gpus: int, windows: list[int]) -> list[Plan]:
-    """Every route x chunk x window combination the topology can run, on top of `base`."""
+def candidates(base: Plan, gpus: int, windows: list[int],
+               fixed: frozenset[str] = frozenset()) -> list[Plan]:
+    """Every route x chunk x window combination the topology can run, on top of `base`; the
+    fields in `fixed` (FIXABLE) keep `base`'s value."""
     multi = gpus > 1
-    params = list(ParamRoute) if multi else [ParamRoute.REPLICATED]
-    grads = list(GradRoute) if multi else [GradRoute.GPU]
-    updates = list(UpdateSharding) if multi else [UpdateSharding.RANK0]
+
+    def choices(name: str, values: list) -> list:
+        return [getattr(base, name)] if name in fixed else values
+    params = choices("param_route", list(ParamRoute) if multi else [ParamRoute.REPLICATED])
+    grads = choices("grad_route", list(GradRoute) if multi else [GradRoute.GPU])
+    updates = choices("update_sharding", list(UpdateSharding) if multi else [UpdateSharding.RANK0])
+    chunks = ([(base.h2d_chunk_mib, base.d2h_chunk_mib)] if "chunk_mib" in fixed
+              else [(c, c) for c in CHUNK_MIB])
     return [
-        replace(base, param_route=p, grad_route=g, update_sharding=u, h2d_chunk_mib=c,
-                d2h_chunk_mib=c, window_slots=w)
-        for p, g, u, c, w in itertools.product(params, grads, updates, CHUNK_MIB, windows)
+        replace(base, param_route=p, grad_route=g, update_sharding=u, h2d_chunk_mib=c[0],
+                d2h_chunk_mib=c[1], window_slots=w)
+        for p, g, u, c, w in itertools.product(params, grads, updates, chunks, windows)
     ]
 
 

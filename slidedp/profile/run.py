@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -147,11 +148,15 @@ class Profiler:
         return out
 
     def run(self, progress: bool = True) -> Results:
+        """Every step in order; each one's wall seconds are kept in `step_s` (name, seconds)."""
         steps = self.steps()
+        self.step_s: list[tuple[str, float]] = []
         with tqdm(steps, desc="slidedp profile", unit="step", disable=not progress) as bar:
             for step in bar:
                 bar.set_postfix_str(step.name)
+                t0 = time.perf_counter()
                 step.run()
+                self.step_s.append((step.name, time.perf_counter() - t0))
         return self.res
 
     # ---- host ------------------------------------------------------------------------------

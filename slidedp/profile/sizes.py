@@ -1,4 +1,7 @@
-"""How much each measurement moves and how often it repeats: FULL (a few minutes) and QUICK.
+"""How much each measurement moves and how often it repeats: FULL (a few minutes), QUICK, and
+CHOOSER, the default chooser's cold start (slidedp/commands/default_choice.py): the host rates in
+3 rounds at 1 thread, the team size and all cores only, shorter samples and a shorter sustained
+layer run; it keeps every PCIe chunk size the chooser picks from (policy/routes.py CHUNK_MIB).
 
 Host buffers are at least `host_floor_bytes` and at least `llc_multiple` times the last-level
 cache, so that copies stream from DRAM; they are capped at 1/16 of RAM each (the Adam run holds
@@ -65,3 +68,8 @@ FULL = Sizes(host_floor_bytes=GIB, llc_multiple=4, thread_step=2, chunk_mib=(4, 
 QUICK = Sizes(host_floor_bytes=256 * MIB, llc_multiple=2, thread_step=4, chunk_mib=(16, 64, 256),
               stream_copies=4, collective_mib=(64, 256), micro_batches=(1, 4), warmup=1,
               repeats=3, sustained_s=1.5, sustained_min_iters=6, host_sample_s=0.1)
+# thread_step above any core count: the thread counts are 1, the team size and all cores
+CHOOSER = Sizes(host_floor_bytes=256 * MIB, llc_multiple=2, thread_step=1 << 16,
+                chunk_mib=(16, 64, 256), stream_copies=4, collective_mib=(64, 256),
+                micro_batches=(4,), warmup=1, repeats=3, sustained_s=1.0, sustained_min_iters=4,
+                host_sample_s=0.05, host_rounds=3)

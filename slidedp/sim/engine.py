@@ -92,15 +92,16 @@ class FluidShare:
     """
 
     def __init__(self, env: simpy.Environment, capacity: list[float], pools: dict[int, float],
-                 dma_slowdown: tuple[float, int, int] = (0.0, -1, -1)):
+                 slowdowns: tuple[tuple[float, int, int], ...] = ()):
         self.env, self.capacity, self.pools = env, capacity, pools
-        # (S bytes/s, where the copies' host-memory bytes are drawn, the CPU kernels' cap):
-        # CPU flows beside copies of D bytes/s are capped at S / (S + D) of their speed
-        # (ResourceUse.dma_slowdown_bps)
-        self.slowdown_bps, self.copy_traffic, self.kernel_dram = dma_slowdown
+        # per memory (ResourceUse.slowdowns): (S bytes/s, where the copies' bytes of that memory
+        # are drawn, the CPU kernels' cap on it); CPU flows on it beside copies of D bytes/s
+        # there are capped at S / (S + D) of their speed
+        self.groups = tuple(slowdowns)
+        self.slowing = [i for i, grp in enumerate(self.groups) if grp[0] > 0]
         self.flows: list[Flow] = []
         self.load = [0.0] * len(capacity)
-        self.running = {"cpu": 0, "copy": 0}  # CPU flows, and copies drawing on copy_traffic
+        self.running = {"cpu": 0, "copy": 0}  # CPU flows, and copies drawing on a copy_traffic
         self.pool_threads = dict.fromkeys(pools, 0.0)
         self.slowed = 0
         self.t_last = 0.0
@@ -110,7 +111,8 @@ class FluidShare:
 
     def start(self, f: Flow) -> None:
         self._advance()
-        f.copy_bps = 0.0 if f.pool >= 0 else sum(d for j, d in f.uses if j == self.copy_traffic)
+        f.copy_bps = () if f.pool >= 0 else tuple(
+            sum(d for j, d in f.uses if j == copy) for _, copy, _ in self.groups)
         self.flows.append(f)
         if self.slowed == 0 and self._fits(f):
             f.speed, f.cap, f.cores = 1.0, 1.0, f.threads
@@ -120,10 +122,10 @@ class FluidShare:
         self._schedule()
 
     def _fits(self, f: Flow) -> bool:
-        if f.pool >= 0 and self.pool_threads[f.pool] + f.threads > self.pools[f.pool]:
+        if any(self.pool_threads[p] + f.threads * frac > self.pools[p] for p, frac in f.pools):
             return False
-        if self.slowdown_bps > 0 and self.running["copy" if f.pool >= 0 else "cpu"] and (
-                f.pool >= 0 or f.copy_bps > 0):
+        if self.slowing and self.running["copy" if f.pool >= 0 else "cpu"] and (
+                f.pool >= 0 or any(b > 0 for b in f.copy_bps)):
             return False  # a CPU flow beside a copy: both kinds slow it (_slow_cpu_beside_copies)
         cap, load = self.capacity, self.load
         return all(load[j] + d <= cap[j] * (1 + REL_EPS) for j, d in f.uses)
@@ -132,32 +134,69 @@ class FluidShare:
         for j, d in f.uses:
             self.load[j] += sign * d * f.speed
         if f.pool >= 0:
-            self.pool_threads[f.pool] += sign * f.threads
+            for p, frac in f.pools:
+                self.pool_threads[p] += sign * f.threads * frac
             self.running["cpu"] += int(sign)
-        elif f.copy_bps > 0:
+        elif any(b > 0 for b in f.copy_bps):
             self.running["copy"] += int(sign)
 
     def _slow_cpu_beside_copies(self) -> None:
-        """Stage 3 of resources.py: the CPU flows' ceilings and the CPU kernels' cap times k, at
-        the k where k = S / (S + D(k)), D(k) the copies' bytes/s that stage 2 gives at k. The
-        root lies in [S / (S + the copies at full speed), 1] (h(k) = k - S / (S + D(k)) is <= 0
-        at the low end, >= 0 at 1); found by regula falsi (Illinois), each step one fill, to
-        SLOWDOWN_TOL in k (a plain iteration can crawl: ~0.9 a step where host.mem binds)."""
+        """Stage 3 of resources.py, per memory i of the machine (ResourceUse.slowdowns): the
+        ceilings of the CPU flows on it (those drawing its kernels' cap; a flow drawing none
+        of them is on every one) and its kernels' cap times k_i, at the k_i where
+        k_i = S_i / (S_i + D_i(k)), D_i the copies' bytes/s of that memory that stage 2 gives.
+        A flow on several memories takes the smallest of their k. One memory: one root found
+        by _settle; several: _settle on each in turn, the others held, until no k moves by
+        more than SLOWDOWN_TOL (at most SLOWDOWN_FILLS rounds)."""
         cpu = [f for f in self.flows if f.pool >= 0]
-        copies = [(f, f.copy_bps) for f in self.flows if f.copy_bps > 0]
-        if not cpu or not copies:
+        if not cpu or not any(f.copy_bps and any(f.copy_bps) for f in self.flows):
             return
-        ceilings, capacity, s_bps = [f.cap for f in cpu], list(self.capacity), self.slowdown_bps
+        kernels = {i: self.groups[i][2] for i in self.slowing}
+        on = [tuple(i for i, kd in kernels.items() if any(j == kd for j, _ in f.uses))
+              or tuple(kernels) for f in cpu]
+        ceilings, capacity = [f.cap for f in cpu], list(self.capacity)
+        k = dict.fromkeys(kernels, 1.0)
 
-        def h(k: float) -> float:  # fills at k; > 0: k too large for the copies it lets run
-            for f, c in zip(cpu, ceilings, strict=True):
-                f.cap = c * k
-            capacity[self.kernel_dram] = self.capacity[self.kernel_dram] * k
+        def fill() -> None:
+            for f, c, groups in zip(cpu, ceilings, on, strict=True):
+                f.cap = c * min(k[i] for i in groups)
+            for i, kd in kernels.items():
+                capacity[kd] = self.capacity[kd] * k[i]
             fill_speeds(self.flows, capacity)
-            return k - s_bps / (s_bps + sum(f.speed * b for f, b in copies))
+
+        if len(kernels) == 1:
+            self._settle(self.slowing[0], k, fill, filled=True)
+            return
+        for _ in range(SLOWDOWN_FILLS):
+            before = dict(k)
+            for i in kernels:
+                self._settle(i, k, fill, filled=False)
+            if max(abs(k[i] - before[i]) for i in k) <= SLOWDOWN_TOL:
+                return
+        raise RuntimeError(f"the copies' slowdown of the CPU flows did not settle over "
+                           f"{len(kernels)} memories in {SLOWDOWN_FILLS} rounds (k = {k})")
+
+    def _settle(self, i: int, k: dict[int, float], fill, filled: bool) -> None:
+        """k[i] at the root of h(k_i) = k_i - S_i / (S_i + D_i(k)), the other k held, the flows
+        filled at it. The root lies in [S_i / (S_i + its copies at full speed), 1] (h <= 0 at
+        the low end, >= 0 at 1); found by regula falsi (Illinois), each step one fill, to
+        SLOWDOWN_TOL (a plain iteration can crawl: ~0.9 a step where host.mem binds). `filled`:
+        the flows are filled at k_i = 1 already."""
+        s_bps = self.groups[i][0]
+        copies = [(f, f.copy_bps[i]) for f in self.flows if f.copy_bps and f.copy_bps[i] > 0]
+        if not copies:
+            return
+
+        def h(x: float) -> float:  # fills at x; > 0: x too large for the copies it lets run
+            k[i] = x
+            fill()
+            return x - s_bps / (s_bps + sum(f.speed * b for f, b in copies))
 
         lo = s_bps / (s_bps + sum(b for _, b in copies))
-        hi, h_hi = 1.0, 1.0 - s_bps / (s_bps + sum(f.speed * b for f, b in copies))  # filled
+        if filled:
+            hi, h_hi = 1.0, 1.0 - s_bps / (s_bps + sum(f.speed * b for f, b in copies))
+        else:
+            hi, h_hi = 1.0, h(1.0)
         if h_hi <= SLOWDOWN_TOL:  # the copies starved at k = 1 (stage 2 as it stands)
             return
         h_lo = h(lo)
@@ -165,15 +204,15 @@ class FluidShare:
             return  # the copies at full speed: k = lo, filled
         side = 0
         for _ in range(SLOWDOWN_FILLS):
-            k = hi - h_hi * (hi - lo) / (h_hi - h_lo)
-            h_k = h(k)
-            if abs(h_k) <= SLOWDOWN_TOL or hi - lo <= SLOWDOWN_TOL:
+            x = hi - h_hi * (hi - lo) / (h_hi - h_lo)
+            h_x = h(x)
+            if abs(h_x) <= SLOWDOWN_TOL or hi - lo <= SLOWDOWN_TOL:
                 return
-            if h_k > 0:
-                hi, h_hi = k, h_k
+            if h_x > 0:
+                hi, h_hi = x, h_x
                 h_lo, side = (h_lo / 2, side) if side == 1 else (h_lo, 1)
             else:
-                lo, h_lo = k, h_k
+                lo, h_lo = x, h_x
                 h_hi, side = (h_hi / 2, side) if side == -1 else (h_hi, -1)
         raise RuntimeError(f"the copies' slowdown of the CPU flows did not settle in "
                            f"{SLOWDOWN_FILLS} fills (k in [{lo:.9f}, {hi:.9f}])")
@@ -181,16 +220,25 @@ class FluidShare:
     def _recompute(self) -> None:
         allocate_cores(self.flows, self.pools)
         fill_speeds(self.flows, self.capacity)
-        if self.slowdown_bps > 0:
+        if self.slowing:
             self._slow_cpu_beside_copies()
-        self.load = [0.0] * len(self.capacity)
-        self.running = {"cpu": 0, "copy": 0}
-        self.pool_threads = dict.fromkeys(self.pools, 0.0)
-        self.slowed = 0
-        for f in self.flows:
-            self._add_load(f, 1.0)
-            if f.speed < 1.0 - REL_EPS:
-                self.slowed += 1
+        load = self.load = [0.0] * len(self.capacity)
+        threads = self.pool_threads = dict.fromkeys(self.pools, 0.0)
+        cpu = copy = slowed = 0
+        for f in self.flows:  # _add_load(f, 1.0) of each flow, in the same order
+            speed = f.speed
+            for j, d in f.uses:
+                load[j] += d * speed
+            if f.pool >= 0:
+                for p, frac in f.pools:
+                    threads[p] += f.threads * frac
+                cpu += 1
+            elif any(b > 0 for b in f.copy_bps):
+                copy += 1
+            if speed < 1.0 - REL_EPS:
+                slowed += 1
+        self.running = {"cpu": cpu, "copy": copy}
+        self.slowed = slowed
 
     def _advance(self) -> None:
         now = self.env.now
@@ -260,8 +308,7 @@ def run_graph(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: Hardwar
     pools = {i: float(use.capacity[i]) for i, nm in enumerate(use.names) if nm.endswith(".cores")}
     start, finish, core_s = [math.nan] * n, [math.nan] * n, [0.0] * n
     env = simpy.Environment()
-    share = FluidShare(env, use.capacity.tolist(), pools,
-                       (use.dma_slowdown_bps, use.copy_traffic, use.kernel_dram))
+    share = FluidShare(env, use.capacity.tolist(), pools, use.slowdowns)
     waiting: dict[int, simpy.Event] = {}
     counters = [0]
 
@@ -273,11 +320,12 @@ def run_graph(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: Hardwar
                 yield ev
             start[v] = env.now
             d = dur[v]
-            if specs is None or d <= 0 or not (specs[v][0] or specs[v][1] >= 0):
+            if specs is None or d <= 0 or not (specs[v][0] or specs[v][1]):
                 yield env.timeout(d)
             else:
-                uses, pool, curve, weight = specs[v]
-                f = Flow(v, d, uses, threads[v] if pool >= 0 else 0.0, curve, pool, weight=weight)
+                uses, split, curve, weight = specs[v]
+                f = Flow(v, d, uses, threads[v] if split else 0.0, curve, pools=split,
+                         weight=weight)
                 f.done = env.event()
                 share.start(f)
                 yield f.done

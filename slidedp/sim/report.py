@@ -4,7 +4,7 @@ The JSON has every key of `slidedp predict --json`, with the simulated value whe
 measures it (step time, tokens/s, bottleneck, C, H, exposed_s = step - max(C, H), busy_s, critical
 path by channel), plus: analytic (the model's step, lower bound and critical path on the same
 graph), step_times_s and steady_iterations, exposed_by_channel_s (the critical rank's compute idle
-by the channel waited on), exposed_by_rank_s, channel_busy_s, utilization per resource, events,
+by the channel waited on), gpu_idle_s (per rank, model/idle.py), exposed_by_rank_s, channel_busy_s, utilization per resource, events,
 events_per_s, sim_wall_s, config.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from slidedp.model.idle import gpu_idle_s
 from slidedp.model.memory import gpu_footprint, host_footprint
 from slidedp.model.traffic import graph_traffic_bytes
 from slidedp.sim.result import SimResult
@@ -29,6 +30,7 @@ def to_json(res: SimResult, wl: Workload, plan: Plan) -> dict:
         "critical_path_s": res.analytic["critical_path_s"], "tokens_per_s": res.tokens_per_s,
         "bottleneck": bottleneck, "bottleneck_utilization": util, "compute_s": c, "host_s": h,
         "host_resource": host_res, "exposed_s": res.exposed_s,
+        "gpu_idle_s": gpu_idle_s(step, res.busy_s, res.graph.n_ranks),
         "r_cross": wl.gpus * c / h if h > 0 else float("inf"), "busy_s": res.busy_s,
         "critical_path_by_channel_s": res.critical_path_by_channel_s,
         "traffic_bytes": graph_traffic_bytes(res.graph, res.graph.n_iterations - 1),

@@ -72,40 +72,68 @@ class Flow:
     uses: list[tuple[int, float]]  # (resource index, demand per second at full speed)
     threads: float = 0.0  # CPU threads asked (0: not a CPU task)
     curve: Callable[[float], float] | None = None  # rate against threads (None: linear)
-    pool: int = -1  # index of the core pool (a `.cores` resource), -1 for GPU tasks
+    pool: int = -1  # index of its (first) core pool (a `.cores` resource), -1 for GPU tasks
+    # (core pool, fraction of the threads it asks there): a CPU task whose team is split over
+    # several pools (a host topology's sockets); default ((pool, 1.0),)
+    pools: tuple[tuple[int, float], ...] = ()
     cap: float = 1.0  # speed ceiling after the core allocation
     weight: float = 1.0  # share of a saturated resource, relative (stage 2)
     speed: float = 1.0
     cores: float = 0.0  # cores held now
     core_s: float = 0.0  # core-seconds held so far
-    copy_bps: float = 0.0  # a copy's host-memory bytes/s at full speed (set by FluidShare.start)
+    # a copy's host-memory bytes/s at full speed on each slowdown group's copy_traffic (set by
+    # FluidShare.start)
+    copy_bps: tuple[float, ...] = ()
     done: object = field(default=None, repr=False)  # the simpy event fired at completion
+    # fill_speeds' view of `uses`: (resource, weight x demand) and the set of resources
+    wuses: list[tuple[int, float]] = field(init=False, repr=False)
+    rset: frozenset[int] = field(init=False, repr=False)
 
     def __post_init__(self):
         if not self.weight > 0:
             raise ValueError(f"task {self.task}: a flow's weight must be > 0, got {self.weight}")
+        self.wuses = [(j, self.weight * d) for j, d in self.uses]
+        self.rset = frozenset(j for j, _ in self.uses)
+        if not self.pools and self.pool >= 0:
+            self.pools = ((self.pool, 1.0),)
+        elif self.pools and self.pool < 0:
+            self.pool = self.pools[0][0]
 
 
 def allocate_cores(flows: list[Flow], pool_cores: dict[int, float]) -> None:
-    """Stage 1: split each core pool between its CPU flows, max-min fair on threads; set caps."""
-    by_pool: dict[int, list[Flow]] = {}
+    """Stage 1: split each core pool between its CPU flows, max-min fair on the threads each
+    asks there; set caps. A flow split over several pools runs at its most starved part's
+    fraction (its team splits every kernel statically: the slowest part sets the pace)."""
+    flows = [f for f in flows if f.pools]  # the others hold no cores
+    by_pool: dict[int, list[tuple[Flow, float]]] = {}
     for f in flows:
-        if f.pool >= 0:
-            by_pool.setdefault(f.pool, []).append(f)
-    for pool, fs in by_pool.items():
-        left, todo = pool_cores[pool], sorted(fs, key=lambda f: (f.threads, f.task))
+        for p, frac in f.pools:
+            by_pool.setdefault(p, []).append((f, f.threads * frac))
+    got: dict[int, list[tuple[float, float]]] = {}  # id(flow) -> [(cores got, asked)]
+    for pool, asks in by_pool.items():
+        left, todo = pool_cores[pool], sorted(asks, key=lambda fa: (fa[1], fa[0].task))
         while todo:
             share = left / len(todo)
-            f = todo.pop(0)
-            f.cores = min(f.threads, share)
-            left -= f.cores
-        for f in fs:
-            if f.cores >= f.threads:
-                f.cap = 1.0
-            elif f.curve is None:
-                f.cap = f.cores / f.threads
-            else:
-                f.cap = f.curve(f.cores) / f.curve(f.threads)
+            f, ask = todo.pop(0)
+            c = min(ask, share)
+            got.setdefault(id(f), []).append((c, ask))
+            left -= c
+    for f in flows:
+        parts = got.get(id(f))
+        if parts is None:
+            continue
+        if len(parts) == 1:
+            f.cores = parts[0][0]
+            held = f.cores
+        else:
+            f.cores = sum(c for c, _ in parts)
+            held = f.threads * min(c / a for c, a in parts)
+        if held >= f.threads:
+            f.cap = 1.0
+        elif f.curve is None:
+            f.cap = held / f.threads
+        else:
+            f.cap = f.curve(held) / f.curve(f.threads)
 
 
 def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
@@ -114,23 +142,30 @@ def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
     saturates or when it reaches its `cap`."""
     left: dict[int, float] = {}
     for f in flows:
-        for j, _ in f.uses:
+        for j in f.rset:
             left[j] = capacity[j]
+    below, above = 1 - REL_EPS, 1 + REL_EPS
     unfrozen = flows
     level = 0.0
     while unfrozen:
-        demand: dict[int, float] = {}  # per unit of level
+        demand: dict[int, float] = {}  # per unit of level, in order of first use
         for f in unfrozen:
-            for j, d in f.uses:
-                demand[j] = demand.get(j, 0.0) + f.weight * d
-        nxt = min(f.cap / f.weight for f in unfrozen)
+            for j, wd in f.wuses:
+                if j in demand:
+                    demand[j] += wd
+                else:
+                    demand[j] = wd  # wd >= 0: the same as 0.0 + wd
+        nxt = min([f.cap / f.weight for f in unfrozen])
+        nxt_below, nxt_above = nxt * below, nxt * above
         saturated = set()
         for j, d in demand.items():
             if d > 0:
-                sat = level + max(left[j], 0.0) / d
-                if sat < nxt * (1 - REL_EPS):
+                room = left[j]
+                sat = level + (room if room > 0.0 else 0.0) / d
+                if sat < nxt_below:
                     nxt, saturated = sat, {j}
-                elif sat <= nxt * (1 + REL_EPS):
+                    nxt_below, nxt_above = nxt * below, nxt * above
+                elif sat <= nxt_above:
                     saturated.add(j)
         rise = nxt - level
         for j, d in demand.items():
@@ -138,9 +173,9 @@ def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
         level = nxt
         keep = []
         for f in unfrozen:
-            if (f.cap <= f.weight * level * (1 + REL_EPS)
-                    or any(j in saturated for j, _ in f.uses)):
-                f.speed = min(f.weight * level, f.cap)
+            s = f.weight * level
+            if f.cap <= s * above or (saturated and not saturated.isdisjoint(f.rset)):
+                f.speed = s if s <= f.cap else f.cap
             else:
                 keep.append(f)
         unfrozen = keep
@@ -148,17 +183,18 @@ def fill_speeds(flows: list[Flow], capacity: list[float]) -> None:
 
 def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: HardwareSpec,
                     collective_sm_fraction: float):
-    """Per task: (demands [(resource, per second)], core pool index, rate curve, weight). Built
-    once.
+    """Per task: (demands [(resource, per second)], core pools [(pool, fraction of its threads)],
+    rate curve, weight). Built once.
 
-    Demands are draws / duration; draws on a `.cores` pool become the pool index (stage 1).
-    Collectives add `collective_sm_fraction` of each rank's compute stream. The rate curve and
-    the weight are the kind's (graph/kinds.py KindRule.rate, .weight).
+    Demands are draws / duration; draws on `.cores` pools become the pools, each with its share
+    of the task's core-seconds (stage 1). Collectives add `collective_sm_fraction` of each rank's
+    compute stream. The rate curve and the weight are the kind's (graph/kinds.py KindRule.rate,
+    .weight).
     """
     names = use.names
     pools = {i for i, n in enumerate(names) if n.endswith(".cores")}
     compute_of = [names.index(f"gpu{r}.compute") for r in range(g.n_ranks)]
-    rules = [KINDS[k] for k in Kind]  # Kind values are 0..14
+    rules = [KINDS[k] for k in Kind]  # Kind values are 0..15
     weights = [1.0 if r.weight is None else r.weight(hw, g) for r in rules]
     curves: dict[tuple[int, float], Callable[[float], float]] = {}  # (kind, work) -> curve
     work = g.work.tolist()
@@ -166,24 +202,46 @@ def task_flows_spec(g: TaskGraph, durations: np.ndarray, use: ResourceUse, hw: H
     copies = {int(k) for k in COPY_KINDS}
     # the copies' draw on the CPU kernels' cap where the slowdown stands for it (stage 3; the
     # draw is the analytic bound's linear part of it, graph/flat_host.py)
-    kernel_dram = use.kernel_dram if use.dma_slowdown_bps > 0 else -1
-    ptr, res, amt = use.ptr.tolist(), use.res.tolist(), use.amount.tolist()
+    kernel_dram = {kernel for s_bps, _, kernel in use.slowdowns if s_bps > 0}
+    uses_of, held_of = _split_draws(g, durations, use, pools, kernel_dram, copies)
     kinds, dur = g.kind.tolist(), durations.tolist()
     specs = []
     for v, k in enumerate(kinds):
-        d = dur[v]
-        uses, pool = [], -1
-        if d > 0:
-            for i in range(ptr[v], ptr[v + 1]):
-                j = res[i]
-                if j in pools:
-                    pool = j
-                elif amt[i] > 0 and not (j == kernel_dram and k in copies):
-                    uses.append((j, amt[i] / d))
-            if k in coll and collective_sm_fraction > 0:
-                uses += [(j, collective_sm_fraction) for j in compute_of]
-        rate = rules[k].rate
-        curve = None if rate is None else curves.setdefault(
-            (k, work[v]), partial(rate, hw, g, work=work[v]))
-        specs.append((uses, pool, curve, weights[k]))
+        uses, held = uses_of(v), held_of(v)
+        if k in coll and collective_sm_fraction > 0 and dur[v] > 0:
+            uses += [(j, collective_sm_fraction) for j in compute_of]
+        total = sum(a for _, a in held)
+        split = tuple((j, a / total) for j, a in held) if total > 0 else tuple(
+            (j, 1.0) for j, _ in held[:1])
+        rate, curve = rules[k].rate, None
+        if rate is not None:
+            curve = curves.get((k, work[v]))
+            if curve is None:
+                curve = curves[k, work[v]] = partial(rate, hw, g, work=work[v])
+        specs.append((uses, split, curve, weights[k]))
     return specs
+
+
+def _split_draws(g: TaskGraph, durations: np.ndarray, use: ResourceUse, pools: set[int],
+                 kernel_dram: set[int], copies: set[int]):
+    """Per task v of positive duration, in draw order: uses_of(v), a new list of (resource,
+    draw / duration) of its positive draws on resources other than core pools (a copy's draw on
+    a CPU kernels' cap in `kernel_dram` left out), and held_of(v), (pool, core-seconds) of its
+    draws on core pools; both empty for a task of no duration."""
+    per_task = np.diff(use.ptr)
+    task = np.repeat(np.arange(g.n_tasks), per_task)
+    dur = durations[task]
+    res, amount = use.res, use.amount
+    live = dur > 0
+    on_pool = np.isin(res, list(pools))
+    copy_on_kernel = np.isin(res, list(kernel_dram)) & np.isin(g.kind[task], list(copies))
+    is_use = live & ~on_pool & (amount > 0) & ~copy_on_kernel
+    is_held = live & on_pool
+    per_s = np.divide(amount, dur, out=np.zeros_like(amount), where=is_use)
+    at = np.flatnonzero(is_use)
+    uses = list(zip(res[at].tolist(), per_s[at].tolist(), strict=True))
+    uptr = np.searchsorted(at, use.ptr).tolist()
+    at = np.flatnonzero(is_held)
+    held = list(zip(res[at].tolist(), amount[at].tolist(), strict=True))
+    hptr = np.searchsorted(at, use.ptr).tolist()
+    return (lambda v: uses[uptr[v]:uptr[v + 1]]), (lambda v: held[hptr[v]:hptr[v + 1]])

@@ -89,9 +89,12 @@ class SimResult:
         task_of = np.repeat(np.arange(g.n_tasks), np.diff(u.ptr))
         amount = u.amount.copy()
         pools = np.array([n.endswith(".cores") for n in u.names])
-        if self.config.contention:
+        if self.config.contention:  # core-seconds held, split as the task's pools' draws
             is_pool = pools[u.res]
-            amount[is_pool] = self.run.core_s[task_of[is_pool]]
+            of = task_of[is_pool]
+            drawn = np.bincount(of, weights=u.amount[is_pool], minlength=g.n_tasks)
+            amount[is_pool] = self.run.core_s[of] * np.divide(
+                u.amount[is_pool], drawn[of], out=np.ones(len(of)), where=drawn[of] > 0)
         served = np.bincount(u.res, weights=amount * self._overlap[task_of], minlength=len(u.names))
         if self.config.contention and self.config.collective_sm_fraction > 0:
             coll = np.flatnonzero(np.isin(g.kind, [int(k) for k in COLLECTIVE_KINDS]))

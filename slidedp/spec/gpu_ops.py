@@ -10,34 +10,51 @@ never from whole-layer measurements:
                efficiency against the reference's: output tiles of 128 x 256 (or 256 x 128,
                whichever fills better) spread over the GPU's SMs in waves, efficiency = useful
                output / (waves x SMs x tile area) (NVIDIA's Matrix Multiplication Background
-               guide: tile and wave quantization), at most the peak.
+               guide: tile and wave quantization), at most the reference's own rate: the wave
+               model prices what a shape loses to the reference's filling, never a gain (the
+               measured reference already holds the kernel's other losses and the clocks).
   attention    causal SDPA: forward FLOPs 2 n_q d seq per token (QK^T and PV over the causal half
                of the square), backward 2.5 x forward (FlashAttention's count: the scores are
                recomputed), at the GPU's attention rates (gpu.ops attention_fwd_tflops,
                attention_bwd_tflops: published kernel benchmarks of the backend torch picks on
                that GPU), or their bytes at the copy rate if slower.
-  elementwise  memory-bound ops (RMSNorm, RoPE, SiLU x up, residual adds and their gradients):
-               HBM bytes / (copy rate x elementwise_fraction) + kernels x kernel_overhead_us;
-               elementwise_fraction is one number or a table by kind (rmsnorm, rope, swiglu,
-               residual), as benchmarks/gpu_ops_microbench.py measures them.
+  elementwise  memory-bound ops (RMSNorm, RoPE, SiLU x up, the residual adds and autograd's
+               gradient sums, attention backward's streaming passes): HBM bytes / (copy rate x
+               the kind's fraction) + kernels x kernel_overhead_us. elementwise_fraction is that
+               fraction for transformers' eager kernels, fused_fraction for liger-kernel's fused
+               ones (each one number or a table by kind: rmsnorm, rope, swiglu, residual; the
+               fused one defaults to the eager one): each kind's bytes as counted below over its
+               measured time in a microbenchmark of the same kernels (Liger-Kernel's public
+               benchmark data; benchmarks/gpu_ops_microbench.py measures them on a GPU at hand).
 Linear layers: forward y = x W^T is (M, N, K) = (tokens, out, in); backward dX = dY W (tokens,
 in, out) and dW = dY^T X (out, in, tokens): twice the forward's FLOPs.
 
-Bytes per element of the width an op works on (BF16 tensors, FP32 where the eager code upcasts),
-`kernels` "eager" (transformers' modules, as the executor runs them) or "fused" (liger-kernel's
-RMSNorm, RoPE and SwiGLU, one kernel each way; residual adds stay eager):
-                         eager fwd   eager bwd   fused fwd   fused bwd
-  RMSNorm (h; q, k with qk-norm)   36 / 8       78 / 12      4 / 1       6 / 2    (B/elem / kernels)
-  RoPE (q, k)                      20 / 5       30 / 8       4 / 1       4 / 1
-  SiLU(gate) x up (ffn)            10 / 2       18 / 3       6 / 1      10 / 1
-  residual add (h, twice)           6 / 1        6 / 1       6 / 1       6 / 1
-Eager RMSNorm forward: to FP32 (2 + 4), pow (4 + 4), mean (4), rsqrt of the row (two small
-kernels), x * rstd (4 + 4), to BF16 (4 + 2), weight * (2 + 2). Eager RoPE: q * cos (2 + 2), the
-negated half (1 + 1), cat (2 + 2), * sin (2 + 2), add (4 + 2). Their backwards are autograd's
-kernels through the same ops (the gradient cast, the broadcast mean's expand, the two paths
-into x summed; the slices' zero-filled gradients summed), counted the same way. The backward's
-residual add is the gradient accumulated where the residual branches. The attention output's
-transpose copies nothing (the kernels write it in the o_proj's order, spec/segments.py).
+Bytes per element of the width an op works on, as the kernels that run move them (BF16 tensors,
+FP32 where the eager code upcasts, the norms' weights BF16 as the layer holds them), and kernels
+per op; `kernels` "eager" (transformers' modules, as the executor runs them) or "fused"
+(liger-kernel's RMSNorm, RoPE and SwiGLU, one kernel each way; the adds stay eager):
+                                  eager fwd   eager bwd   fused fwd   fused bwd
+  RMSNorm (h; q, k with qk-norm)   36 / 8      92 / 16      4 / 1       6 / 2    (B/elem / kernels)
+  RoPE (q, k)                      20 / 5      30 / 9       4 / 1       4 / 1
+  SiLU(gate) x up (ffn)            10 / 2      18 / 3       6 / 1      10 / 1
+  residual add (h, twice)           6 / 1       6 / 1       6 / 1       6 / 1
+Eager RMSNorm forward: to FP32 (2 + 4), pow (4 + 4), mean (4), the row's + eps and rsqrt (two
+small kernels), x * rstd (4 + 4), to BF16 (4 + 2), weight * (2 + 2). Its backward, autograd's
+kernels through the same ops: weight * -> grad x weight (2 + 2) and the weight's gradient, grad x
+input (2 + 2 + 2) summed over the tokens (2); to BF16 -> the gradient to FP32 (2 + 4); x * rstd ->
+grad x rstd (4 + 4) and rstd's gradient, grad x x (4 + 4 + 4) summed over the row (4); rsqrt and
++ eps (three small kernels); mean -> the row's gradient expanded and divided (4); pow(2) ->
+x.pow(1) (4 + 4), x 2 (4 + 4), x grad (4 + 4 + 4); the two paths into x summed (4 + 4 + 4); to
+FP32 -> back to BF16 (4 + 2). Eager RoPE forward: q * cos (2 + 2), the negated half (1 + 1), cat
+(2 + 2), * sin (2 + 2), add (2 + 2 + 2); backward: grad x cos and grad x sin (2 + 2 each), the
+negated half (1 + 1), each half slice's zero-filled gradient (2, then 1 + 1; twice) and the three
+paths summed (2 + 2 + 2, twice). The backward's residual add is the gradient accumulated where
+the residual branches; autograd sums the input gradients of the projections that share an input
+the same way: q, k and v (two adds of h), gate and up (one). The attention output's transpose
+copies nothing (the kernels write it in the o_proj's order, spec/segments.py). The attention
+backward runs two streaming passes beside its main kernel (FlashAttention-2's and cuDNN's
+dot_do_o and convert_dq kernels): the rows' dO . O (2 + 2 per q element) and dQ from its FP32
+accumulator to BF16 (4 + 2), at the residual kind's rate.
 
 Each op carries the segment of spec/segments.py it belongs to, so a policy's recompute is the
 forward ops of the segments it re-runs (policy_recompute_seconds).
@@ -50,7 +67,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from slidedp.spec.errors import SpecError
-from slidedp.spec.model import BF16, ModelSpec
+from slidedp.spec.model import BF16, ModelSpec, load_model
 from slidedp.spec.segments import SEGMENTS, parse_policy, recomputed_segments
 from slidedp.spec.tomlio import Table, sources_of
 from slidedp.spec.units import GB
@@ -61,12 +78,20 @@ ATTENTION_BWD_FLOPS = 2.5  # backward / forward FLOPs of a FlashAttention-style 
 
 # (fwd bytes per element, fwd kernels, bwd bytes per element, bwd kernels) by kernels choice
 ELEMENTWISE = {
-    "eager": {"rmsnorm": (36, 8, 78, 12), "rope": (20, 5, 30, 8), "swiglu": (10, 2, 18, 3),
+    "eager": {"rmsnorm": (36, 8, 92, 16), "rope": (20, 5, 30, 9), "swiglu": (10, 2, 18, 3),
               "residual": (6, 1, 6, 1)},
     "fused": {"rmsnorm": (4, 1, 6, 2), "rope": (4, 1, 4, 1), "swiglu": (6, 1, 10, 1),
               "residual": (6, 1, 6, 1)},
 }
+FUSED_KINDS = ("rmsnorm", "rope", "swiglu")  # the kinds liger's kernels replace
+ADD_BYTES = 3 * BF16  # an add of two BF16 tensors: two reads, one write, per element
+ATTENTION_BWD_PASS_BYTES = 2 * BF16 + 4 + BF16  # dO . O rows; dQ from FP32 (module docstring)
 SEGMENT = {name: i for i, name in enumerate(SEGMENTS)}
+# the layer shapes a GPU nobody profiled gets its `achieved` rows for (reference_achieved_rows):
+# one model preset per hidden width, at one sequence length and three micro-batches
+REFERENCE_MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen2.5-72b")
+REFERENCE_SEQ = 4096
+REFERENCE_MICRO_BATCHES = (1, 4, 16)
 
 
 @dataclass(frozen=True)
@@ -77,7 +102,7 @@ class GpuOps:
     gemm_flops: float  # measured (or estimated) rate of the reference product
     gemm_shape: tuple[int, int, int]
     copy_bps: float  # device-to-device copy, bytes read + written per second
-    elementwise_fraction: MappingProxyType  # kind -> its kernels' byte rate / the copy's
+    elementwise_fraction: MappingProxyType  # kind -> its eager kernels' byte rate / the copy's
     kernel_overhead_s: float  # per elementwise kernel, beyond its bytes
     attention: str  # the SDPA backend the rates are of (descriptive)
     attention_fwd_flops: float
@@ -85,6 +110,14 @@ class GpuOps:
     sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     # (M, N, K, FLOP/s) of products measured at the layers' shapes; () where not measured
     gemm_measured: tuple[tuple[int, int, int, float], ...] = ()
+    # kind -> liger's fused kernels' byte rate / the copy's; None: elementwise_fraction's
+    fused_fraction: MappingProxyType | None = None
+
+    def fraction(self, kind: str, fused: bool) -> float:
+        """The byte rate of an elementwise kind's kernels over the copy rate (module docstring)."""
+        table = self.fused_fraction if fused and self.fused_fraction is not None else (
+            self.elementwise_fraction)
+        return table[kind]
 
 
 def parse_gpu_ops(t: Table, peak_flops: float) -> GpuOps:
@@ -95,7 +128,9 @@ def parse_gpu_ops(t: Table, peak_flops: float) -> GpuOps:
     if not (isinstance(shape, list) and len(shape) == 3 and all(
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
         raise SpecError(t.where, "gpu.ops.gemm_shape", f"[M, N, K] positive integers, got {shape!r}")
-    frac = _fractions(t.raw("elementwise_fraction"), t.where)
+    frac = _fractions(t.raw("elementwise_fraction"), t.where, "elementwise_fraction")
+    fused = (_fractions(t.raw("fused_fraction"), t.where, "fused_fraction")
+             if t.has("fused_fraction") else None)
     measured = []
     for r in t.raw("gemm_measured", []):
         if not (isinstance(r, list) and len(r) == 4 and all(
@@ -112,14 +147,17 @@ def parse_gpu_ops(t: Table, peak_flops: float) -> GpuOps:
     ops = GpuOps(t.int("sms"), rates["gemm_tflops"], tuple(shape), t.num("copy_gbps") * GB, frac,
                  t.num("kernel_overhead_us", allow_zero=True) * 1e-6, t.str("attention"),
                  rates["attention_fwd_tflops"], rates["attention_bwd_tflops"],
-                 sources_of(t, keys + (["gemm_measured"] if measured else [])), tuple(measured))
+                 sources_of(t, keys + (["gemm_measured"] if measured else [])
+                            + (["fused_fraction"] if fused is not None else [])),
+                 tuple(measured), fused)
     t.done()
     return ops
 
 
-def _fractions(v, where: str) -> MappingProxyType:
-    """gpu.ops.elementwise_fraction: a number in (0, 1] for every kind, or a table by kind."""
-    name = "gpu.ops.elementwise_fraction"
+def _fractions(v, where: str, key: str) -> MappingProxyType:
+    """gpu.ops.<key> (elementwise_fraction, fused_fraction): a number in (0, 1] for every kind,
+    or a table by kind."""
+    name = f"gpu.ops.{key}"
     table = dict.fromkeys(ELEMENTWISE["eager"], v) if not isinstance(v, dict) else v
     if set(table) != set(ELEMENTWISE["eager"]):
         raise SpecError(where, name, f"a number or a table of {', '.join(ELEMENTWISE['eager'])}, "
@@ -144,6 +182,7 @@ class Op:
     kernels: int = 0
     shape: tuple[int, int, int] | None = None  # gemm: (M, N, K)
     elementwise: str = ""  # elementwise: its kind (ELEMENTWISE's keys)
+    fused: bool = False  # elementwise: liger's fused kernel (fused_fraction), else eager
 
 
 def layer_ops(m: ModelSpec, seq: int, micro_batch: int, kernels: str = "eager") -> list[Op]:
@@ -167,15 +206,21 @@ def layer_ops(m: ModelSpec, seq: int, micro_batch: int, kernels: str = "eager") 
 
     def elementwise(name: str, seg: str, kind: str, width: int) -> None:
         fb, fk, bb, bk = ew[kind]
-        s = SEGMENT[seg]
+        s, fused = SEGMENT[seg], kernels == "fused" and kind in FUSED_KINDS
         ops.append(Op(name, "fwd", "elementwise", s, hbm_bytes=fb * T * width, kernels=fk,
-                      elementwise=kind))
+                      elementwise=kind, fused=fused))
         ops.append(Op(f"{name} grad", "bwd", "elementwise", s, hbm_bytes=bb * T * width,
-                      kernels=bk, elementwise=kind))
+                      kernels=bk, elementwise=kind, fused=fused))
+
+    def streaming(name: str, seg: str, bytes_per_token: float, kernels: int) -> None:
+        """A backward-only pass at the residual kind's rate (module docstring)."""
+        ops.append(Op(name, "bwd", "elementwise", SEGMENT[seg], hbm_bytes=bytes_per_token * T,
+                      kernels=kernels, elementwise="residual"))
 
     elementwise("input_norm", "input_norm", "rmsnorm", h)
     for name, width in (("q_proj", q), ("k_proj", k), ("v_proj", k)):
         linear(name, "qkv", width, h)
+    streaming("q/k/v dX sum", "qkv", 2 * ADD_BYTES * h, 2)
     if m.qk_norm:
         elementwise("q_norm", "qkv", "rmsnorm", q)
         elementwise("k_norm", "qkv", "rmsnorm", k)
@@ -185,11 +230,13 @@ def layer_ops(m: ModelSpec, seq: int, micro_batch: int, kernels: str = "eager") 
     ops.append(Op("attention", "fwd", "attention", SEGMENT["attention"], att, io))
     ops.append(Op("attention grad", "bwd", "attention", SEGMENT["attention"],
                   ATTENTION_BWD_FLOPS * att, 2 * io + BF16 * T * 2 * q))
+    streaming("attention grad passes", "attention", ATTENTION_BWD_PASS_BYTES * q, 2)
     linear("o_proj", "o_proj_residual", h, q)
     elementwise("attention residual", "o_proj_residual", "residual", h)
     elementwise("post_norm", "post_norm", "rmsnorm", h)
     linear("gate_proj", "gate_up", f, h)
     linear("up_proj", "gate_up", f, h)
+    streaming("gate/up dX sum", "gate_up", ADD_BYTES * h, 1)
     elementwise("act_mul", "act_mul", "swiglu", f)
     linear("down_proj", "down_residual", h, f)
     elementwise("mlp residual", "down_residual", "residual", h)
@@ -213,12 +260,12 @@ def wave_efficiency(M: int, N: int, sms: int) -> float:
 def gemm_flops_per_s(shape: tuple[int, int, int], ops: GpuOps, peak_flops: float) -> float:
     """The matmul rate of an (M, N, K) product: measured where gemm_measured has the shape, else
     the reference's scaled by the shape's wave efficiency against the reference's, at most the
-    peak."""
+    reference's rate (module docstring); never above the peak."""
     for M, N, K, rate in ops.gemm_measured:
         if tuple(shape) == (M, N, K):
-            return rate
+            return min(peak_flops, rate)
     ref = wave_efficiency(ops.gemm_shape[0], ops.gemm_shape[1], ops.sms)
-    return min(peak_flops, ops.gemm_flops * wave_efficiency(shape[0], shape[1], ops.sms) / ref)
+    return ops.gemm_flops * min(1.0, wave_efficiency(shape[0], shape[1], ops.sms) / ref)
 
 
 def op_seconds(op: Op, ops: GpuOps, peak_flops: float) -> float:
@@ -230,7 +277,7 @@ def op_seconds(op: Op, ops: GpuOps, peak_flops: float) -> float:
     if op.kind == "attention":
         rate = ops.attention_fwd_flops if op.phase == "fwd" else ops.attention_bwd_flops
         return max(op.flops / rate, op.hbm_bytes / ops.copy_bps)
-    return (op.hbm_bytes / (ops.copy_bps * ops.elementwise_fraction[op.elementwise])
+    return (op.hbm_bytes / (ops.copy_bps * ops.fraction(op.elementwise, op.fused))
             + op.kernels * ops.kernel_overhead_s)
 
 
@@ -290,3 +337,14 @@ def achieved_rows(m: ModelSpec, seq: int, micro_batches: tuple[int, ...], gpu,
         rows.append([m.hidden, seq * b, round(per_token * seq * b / (t["fwd"] + t["bwd"]) / 1e12,
                                               1)])
     return rows
+
+
+def reference_achieved_rows(gpu, kernels: str = "eager") -> list[list[float]]:
+    """The `achieved` table of a GPU nobody profiled: achieved_rows of each REFERENCE_MODELS
+    layer at REFERENCE_SEQ and REFERENCE_MICRO_BATCHES, by hidden width (what a hardware file
+    without measured layers carries; benchmarks/achieved_from_gpu_ops.py writes it)."""
+    rows: list[list[float]] = []
+    for name in REFERENCE_MODELS:
+        rows += achieved_rows(load_model(name), REFERENCE_SEQ, REFERENCE_MICRO_BATCHES, gpu,
+                              kernels)
+    return sorted(rows)

@@ -18,6 +18,7 @@ Schema (units in names):
               [gpu.ops]  (optional) rates by kind of operation for a layer's time from
                          microbenchmarks and datasheets (slidedp/spec/gpu_ops.py): sms,
                          gemm_tflops at gemm_shape, copy_gbps, elementwise_fraction,
+                         fused_fraction (optional: liger's kernels),
                          kernel_overhead_us, attention, attention_fwd_tflops, attention_bwd_tflops
   [pcie]      h2d_gbps, d2h_gbps (one GPU, one direction), duplex_gbps (one GPU, both directions),
               all_h2d_gbps, all_d2h_gbps, all_total_gbps (all GPUs at once: host-side caps), source

@@ -22,6 +22,15 @@ The executor sets it whenever the optimizer clips (AdamWConfig.grad_clip,
 exec/features/deferred_update.py); plan_for_clipping gives the plan of a clipping optimizer
 (`--grad-clip X` on train, predict, simulate and plan; X = 0 is no clipping), `--defer-update`
 sets it alone.
+`clip_schedule` says how a deferred update runs. "split" (default): step t's update of each
+chunk is computed twice from the same inputs: once, after step t's backward, straight into the
+BF16 staging chunk that step t+1's forward uploads (UPDATE_CAST, in the forward order, each gated
+only on its own inputs), once in step t+1's backward into the FP32 master and moments (the
+commit); the held gradient comes down in the compute dtype, exact (2 B/param of host memory
+instead of 4), and the forward's host work is a read of the state with a BF16 write instead of
+an update and a cast (graph/features/split_update.py, docs/graph.md "Clipping schedule").
+"joined": every update after the backward, before the next step (graph/features/
+deferred_update.py): the synchronous reference. A plan with host_bf16_copy runs joined.
 `step_join` (default true) ends every iteration with a join of every agent, as the executor does
 (docs/executor.md, "Step boundary"): nothing of step t+1 starts before all of step t is done. False
 leaves only the per-unit version gates (I3) between iterations: what an executor pipelining
@@ -99,6 +108,11 @@ class Moments(StrEnum):
         return {"fp32": 8.0, "bf16": 4.0, "int8": 2 * (1 + FP32_BYTES / MOMENT_QBLOCK)}[self.value]
 
 
+class ClipSchedule(StrEnum):
+    SPLIT = "split"  # the update cast into the next forward's upload, committed in its backward
+    JOINED = "joined"  # every update after the backward, before the next step (the reference)
+
+
 class UpdateSharding(StrEnum):
     RANK0 = "rank0"
     SHARDED = "sharded"
@@ -133,6 +147,7 @@ class Plan:
     embedding_rows: bool = False  # the embedding's update in two parts (see the module docstring)
     grad_widen: GradWiden = GradWiden.GPU  # where a gradient chunk becomes FP32 (docstring)
     kernels: Kernels = Kernels.AUTO  # the layers' and the head's kernels (docstring)
+    clip_schedule: ClipSchedule = ClipSchedule.SPLIT  # how a deferred update runs (docstring)
     moments: Moments = Moments.FP32  # the Adam moments' format on the host (docstring)
 
     def __post_init__(self):
@@ -155,6 +170,9 @@ class Plan:
         if self.moments != Moments.FP32 and self.embedding_rows:
             raise SpecError("plan", "embedding_rows", f"false with {self.moments} moments (the "
                             "split embedding update keeps FP32 moments)")
+        if self.moments != Moments.FP32 and self.splits_update:
+            raise SpecError("plan", "clip_schedule", f"joined with {self.moments} moments (the "
+                            "split schedule's update cast reads FP32 moments)")
         if not isinstance(self.layer_policies, tuple | list):
             raise SpecError("plan", "layer_policies", f"a list of policies, got {self.layer_policies!r}")
         names = tuple(parse_policy(p, "plan", f"layer_policies[{i}]").name
@@ -170,6 +188,14 @@ class Plan:
         if self.layer_policies and len(self.layer_policies) != n_layers:
             raise SpecError(where, "layer_policies",
                             f"one policy per decoder layer ({n_layers}), got {len(self.layer_policies)}")
+
+    @property
+    def splits_update(self) -> bool:
+        """Whether a deferred update runs split (clip_schedule): its result cast into the next
+        forward's upload, its commit in the next backward. A host BF16 copy, which the uploads
+        read instead of a cast, leaves it joined."""
+        return (self.defer_update and self.clip_schedule == ClipSchedule.SPLIT
+                and not self.host_bf16_copy)
 
     @property
     def splits_embedding(self) -> bool:
@@ -191,14 +217,25 @@ class Plan:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
+def with_moments(plan: Plan, moments: Moments) -> Plan:
+    """`plan` with the Adam moments in `moments`; compact ones take the joined clipping schedule
+    (the split one's update cast reads FP32 moments)."""
+    joined = moments != Moments.FP32 and plan.defer_update
+    return replace(plan, moments=moments,
+                   clip_schedule=ClipSchedule.JOINED if joined else plan.clip_schedule)
+
+
 def plan_for_clipping(plan: Plan, grad_clip: float | None, skip_nonfinite: int = 0) -> Plan:
     """The plan the executor runs for an optimizer that clips the global gradient norm to
     `grad_clip` (None or 0: no clipping) or may skip up to `skip_nonfinite` non-finite steps:
     both read the norm of every gradient chunk before any update, so every update is deferred
     (defer_update). Without either, `plan` itself (an explicit defer_update stays). Train,
-    predict, simulate and plan all take the clipping schedule from here."""
+    predict, simulate and plan all take the clipping schedule from here. Compact moments take
+    the joined schedule (the split one's update cast reads FP32 moments)."""
     if grad_clip or skip_nonfinite:
-        return replace(plan, defer_update=True)
+        compact = plan.moments != Moments.FP32
+        return replace(plan, defer_update=True,
+                       clip_schedule=ClipSchedule.JOINED if compact else plan.clip_schedule)
     return plan
 
 
@@ -210,7 +247,7 @@ def team_cores(cores: int) -> int:
 
 _ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
           "activation_policy": ActivationPolicy, "grad_widen": GradWiden, "kernels": Kernels,
-          "moments": Moments}
+          "clip_schedule": ClipSchedule, "moments": Moments}
 
 
 def parse_plan(data: dict, where: str) -> Plan:

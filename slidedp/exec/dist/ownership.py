@@ -8,7 +8,7 @@ the tasks it owns:
                         update_sharding=rank0 (the published design: one update process);
                         process w // plan.update_workers with update_sharding=sharded, i.e. the
                         rank whose 1/R share of every unit (sizes.shard_ranges) the worker updates
-    CAST                into the shared staging ring: process 0 with rank0; with sharded, the
+    CAST, UPDATE_CAST   into the shared staging ring: process 0 with rank0; with sharded, the
                         process whose update share holds the chunk (the rank that updates a chunk
                         also casts it; the embedding's shares are whole rows when its update is
                         split, and its looked-up rows are cast by the process that updated them)
@@ -44,7 +44,7 @@ def task_owners(g: TaskGraph, plan: Plan) -> np.ndarray:
             owner[g.agent_tasks[a]] = w // plan.update_workers if scatter else 0
     kind = g.kind
     owner[(kind == Kind.ALLGATHER) | (kind == Kind.REDUCE)] = EVERY
-    for v in np.flatnonzero(kind == Kind.CAST).tolist():
+    for v in np.flatnonzero((kind == Kind.CAST) | (kind == Kind.UPDATE_CAST)).tolist():
         if not scatter:
             owner[v] = 0
             continue

@@ -6,10 +6,11 @@ hold no branch on a feature. Order matters where two features touch one task: a 
 kernel for it wins.
 """
 
-from slidedp.exec.features import deferred_update, embedding_rows, grad_widen, offload
+from slidedp.exec.features import deferred_update, embedding_rows, grad_widen, offload, split_update
 
 FEATURES = (
     deferred_update.DeferredUpdate,
+    split_update.SplitUpdate,
     grad_widen.WidenOnHost,
     offload.ActivationOffload,
     embedding_rows.SplitEmbedding,

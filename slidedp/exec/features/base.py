@@ -18,6 +18,8 @@ then, once the buffers are reserved, f = F(k) reserves its own and is asked for
     f.skips_update(grad_sqnorm)        whether it skipped the step's update, given the step's
                                        global squared gradient norm (summed over the ranks)
     f.host_state_changed()             the host state was written between steps
+    f.flush()                          finish now whatever of the last step's update is still
+                                       to run (Engine.flush, before a read of the host state)
 A feature instance holds the Context; the Context never holds a feature (a feature's strategy
 it sets there is a plain function): a dropped engine is freed at once, with no cycle to collect.
 """
@@ -73,6 +75,9 @@ class Feature:
         return False
 
     def host_state_changed(self) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def local_tasks(self, *kinds) -> list[int]:

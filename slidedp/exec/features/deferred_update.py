@@ -1,4 +1,6 @@
-"""Deferred update (plan.defer_update) and exact gradient clipping (AdamWConfig.grad_clip).
+"""Deferred update (plan.defer_update) and exact gradient clipping (AdamWConfig.grad_clip), in
+the joined schedule (plan.clip_schedule = joined, the synchronous reference; split_update.py
+runs the split one, the default).
 
 With defer_update every ADAM of a step comes after every gradient chunk of the step is on the
 host (graph/build.py: DATA edges from every chunk producer to the first ADAM of each update
@@ -49,7 +51,7 @@ class DeferredUpdate(Feature):
 
     @staticmethod
     def enabled(k: Context) -> bool:
-        return k.plan.defer_update
+        return k.plan.defer_update and not k.plan.splits_update
 
     @staticmethod
     def configure(spec: BufferSpec, k: Context) -> None:

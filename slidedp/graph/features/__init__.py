@@ -7,11 +7,13 @@ from slidedp.graph.features.deferred_update import DeferredUpdate
 from slidedp.graph.features.embedding_rows import EmbeddingRows
 from slidedp.graph.features.grad_widen import HostWiden
 from slidedp.graph.features.offload import Offload
+from slidedp.graph.features.split_update import SplitUpdate
 
 FEATURES: tuple[type[Feature], ...] = (
     Offload,
     HostWiden,
     DeferredUpdate,
+    SplitUpdate,
     EmbeddingRows,
     CompactMoments,
 )

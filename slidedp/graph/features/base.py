@@ -19,6 +19,7 @@ this order within iteration t:
     after_embed_fwd(t)           after every rank's EMBED_FWD
     before_fwd(t, layer, r)      before FWD(t, layer, r), after the layer's delivery
     after_fwd(t, layer, r)       after FWD(t, layer, r)
+    before_head_gradient(t)      after every rank's HEAD_LOSS, before the head's gradient path
     after_head(t)                after every rank's HEAD_LOSS and the head's gradient path
     backward_inputs(t, layer, r) tasks it appends before the layer's first backward compute
                                  task on rank r (RECOMPUTE, else BWD), which waits on them
@@ -28,6 +29,13 @@ this order within iteration t:
     version_gates(t, gates)      the ADAMs (unit -> [(task, lo, hi)]) that gate iteration t+1's
                                  deliveries; `gates` is the base schedule's (or the previous
                                  feature's) answer
+and, within every delivery (CAST -> H2D -> ALLGATHER of unit u in iteration t; `gated`: a
+forward delivery of t > 0, which the previous iteration's ADAMs gate):
+    delivery_gates(t, u, gated, gates)   the ADAMs (task, lo, hi) the delivery's casts wait on,
+                                 given the base schedule's `gates`, when the caller gave none
+    cast_task(t, u, k, lo, hi, staging)   the task that fills staging buffer `staging` with
+                                 chunk k = [lo, hi) of the unit's BF16 parameters, issued by the
+                                 feature, or None for the base schedule's CAST
 and, whenever the base gradient path has a chunk ready for its ADAM:
     hold_chunk(chunk)            True: the feature issues that chunk's ADAM later itself
 and at the end, meta(): the GraphMeta fields the feature sets.
@@ -105,6 +113,9 @@ class Feature:
     def after_fwd(self, t: int, layer: int, r: int) -> None:
         return None
 
+    def before_head_gradient(self, t: int) -> None:
+        return None
+
     def after_head(self, t: int) -> None:
         return None
 
@@ -122,6 +133,12 @@ class Feature:
 
     def version_gates(self, t: int, gates: dict) -> dict:
         return gates
+
+    def delivery_gates(self, t: int, u: int, gated: bool, gates: list) -> list:
+        return gates
+
+    def cast_task(self, t: int, u: int, k: int, lo: int, hi: int, staging: int) -> int | None:
+        return None
 
     def hold_chunk(self, chunk: GradChunk) -> bool:
         return False

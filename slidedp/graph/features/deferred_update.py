@@ -1,4 +1,5 @@
-"""Feature defer_update: every ADAM of an iteration after every gradient chunk of it is on the
+"""Feature defer_update, joined (clip_schedule = joined, the reference; split_update.py runs
+the split schedule): every ADAM of an iteration after every gradient chunk of it is on the
 host, when the global gradient norm (clipping) is known.
 
 The ADAMs of an iteration are issued after its last D2H / HOST_SUM, in the order their chunks
@@ -26,7 +27,7 @@ from slidedp.spec.plan import GradRoute, Plan
 class DeferredUpdate(Feature):
     @staticmethod
     def applies(plan: Plan) -> bool:
-        return plan.defer_update
+        return plan.defer_update and not plan.splits_update
 
     @staticmethod
     def grad_ring_slots(plan: Plan, ranks: int, key: tuple[int, int], slots: int,
