@@ -203,3 +203,12 @@ def test_memory_kind_probe_alternates_the_kinds_on_the_profiles_kernels(tmp_path
         assert r["adam_gparam_per_s"] > 0 and r["cast_gelem_per_s"] > 0 and r["copy_gbps"] > 0
         assert r["adam_state_gbps"] == pytest.approx(28 * r["adam_gparam_per_s"])
         assert "AnonHugePages" in r and "ShmemPmdMapped" in r
+
+
+def test_moments_rate_times_every_format(tmp_path):
+    out = tmp_path / "rates.json"
+    p = _run("benchmarks/moments_rate.py", "--params", "70000", "--threads", "1", "--chunk-mib",
+             "0.1", "--repeats", "1", "--formats", "fp32,bf16,int8", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    rates = json.loads(out.read_text())["rates"]["1"]
+    assert set(rates) == {"fp32", "bf16", "int8"} and all(r > 0 for r in rates.values())

@@ -49,6 +49,15 @@ FEATURES: dict[str, dict] = {
         "names": ("internode", "internode_reduce"),
         "modules": ("slidedp/graph/features/internode.py", "slidedp/sim/internode_study.py"),
     },
+    "compact_moments": {
+        "names": ("moments",),
+        "modules": ("slidedp/graph/features/compact_moments.py", "slidedp/model/state_tier.py"),
+        # the GraphMeta field, and the two rules of the ADAM's row that read it (its rate and
+        # its DRAM bytes per parameter)
+        "declared": {"slidedp/graph/tasks.py": ("moments",),
+                     "slidedp/graph/kinds.py": ("moments",),
+                     "slidedp/graph/rates.py": ("moments", "Moments")},
+    },
     # features to come: the names they will bring and where their modules will live
     "topology": {
         "names": ("topology", "socket", "sockets", "numa", "pcie_switch", "root_port"),

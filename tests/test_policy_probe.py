@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import weakref
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -31,7 +32,7 @@ from slidedp.policy.probe import (
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import load_hardware
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import ParamRoute, Plan, load_plan
+from slidedp.spec.plan import Moments, ParamRoute, Plan, load_plan
 from slidedp.spec.workload import Workload
 
 GIB = 2**30
@@ -73,6 +74,14 @@ def test_probe_state_keeps_a_few_layers_of_memory_and_trains_on_it(tmp_path):
         assert hs.storage_of == [0, *[1 + i % DISTINCT_LAYERS for i in range(L)], L + 1]
         assert hs.master.numel() == sum(hs.unit_numels[:DISTINCT_LAYERS + 1]) + hs.unit_numels[-1]
         assert torch.isfinite(hs.master).all() and torch.isfinite(hs.exp_avg_sq).all()
+
+
+def test_probe_state_keeps_the_plans_moments_format(tmp_path):
+    """Probes of int8-moment plans step on an int8 host state, shared and cut as the FP32 one."""
+    wl = Workload(_deep_tiny(tmp_path, layers=DISTINCT_LAYERS + 3), 32, 4, 2, 1)
+    with ExecutorProbe(wl, "cpu", moments="int8") as pr:
+        assert pr(replace(ROUTE, moments=Moments.INT8)) > 0
+        assert pr.full.hs.moments == "int8" and pr.full.hs.exp_avg.dtype == torch.uint8
 
 
 @given(st.lists(st.sampled_from([4, 6]), min_size=3, max_size=12), st.integers(1, 5))

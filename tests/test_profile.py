@@ -105,6 +105,11 @@ def test_adam_is_timed_on_both_gradients(profiled):
     assert h.adam_rate(2, 4) == h.adam_params_per_s.at(2)
     preset = load_hardware("h200x1").host
     assert preset.adam_bf16_grad_params_per_s is None and preset.adam_rate(4, 2) == preset.adam_rate(4)
+    for fmt in ("bf16", "int8"):  # compact moments: their own curves, measured at every count
+        assert list(h.adam_moments_params_per_s[fmt].xs) == list(h.adam_params_per_s.xs)
+        assert h.adam_rate(2, 4, fmt) == h.adam_moments_params_per_s[fmt].at(2) > 0
+    assert "int8" not in preset.adam_moments_params_per_s
+    assert preset.adam_rate(4, 4, "int8") == preset.adam_rate(4)
 
 
 def test_host_curves_follow_the_thread_counts(profiled):
@@ -357,7 +362,8 @@ class _ScriptedBench:
         self.calls.append(self.warmup)
         return 2e9 if self.allocation == 2 else 10e9
 
-    dram_bps = cast_elems_per_s = adam_params_per_s = elems_per_s = _rate
+    dram_bps = cast_elems_per_s = adam_params_per_s = adam_moments_params_per_s = _rate
+    elems_per_s = _rate
 
     def teams_bps(self, *args, chunk_bytes=None) -> tuple[float, float, float]:
         total, cast = self.TEAMS[self.allocation]
@@ -403,7 +409,8 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     res = prof.res
     assert [len(v) for v in benches.values()] == [5, 5]  # fresh buffers each round
     for rates in (res.dram_bps, res.cast_elems_per_s, res.adam_params_per_s,
-                  res.adam_bf16_grad_params_per_s):
+                  res.adam_bf16_grad_params_per_s, res.adam_bf16_moments_params_per_s,
+                  res.adam_int8_moments_params_per_s):
         assert rates == {n: pytest.approx(10e9) for n in threads}
     assert res.cast_chunk_elems_per_s == {k: pytest.approx(10e9)
                                           for k in res.cast_chunk_elems_per_s}
@@ -435,6 +442,8 @@ def test_host_rates_are_sampled_in_rounds_over_the_thread_counts(monkeypatch):
     spreads = round_spreads(res)
     assert spreads == {"copy": pytest.approx(4.0), "cast": pytest.approx(4.0),
                        "adam": pytest.approx(4.0), "adam bf16 grad": pytest.approx(4.0),
+                       "adam bf16 moments": pytest.approx(4.0),
+                       "adam int8 moments": pytest.approx(4.0),
                        "cast chunk": pytest.approx(4.0), "teams": pytest.approx(0.5)}
     assert unsteady(spreads) and not unsteady({k: 0.1 for k in spreads})  # UNSTEADY: 10%
     assert round_spreads(Results(threads=threads)) == {}

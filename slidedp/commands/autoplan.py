@@ -7,6 +7,8 @@ The choice (commands/choose.py, policy/auto.py) is made before anything large is
              available host RAM); more ranks need --hardware. On a CPU the simulated ranking is
              thus an H200's, and the real probes (below) are what measures this machine.
   cap        --gpu-memory-cap-gib (default: the hardware's whole GPU memory).
+  moments    --moments when given; else the cheapest format whose host state fits host RAM,
+             fp32 first (model/state_tier.py), and the report's first note says why.
   fixed      --offload-ratio, --update-workers, --host-bf16-copy and --grad-clip (which defers
              the update) are kept; routes, chunks and the window are AutoPolicy's to choose, so
              passing them with --plan auto is refused.
@@ -31,7 +33,7 @@ from slidedp.commands.choose import cap_bytes, choose_plan, write_plan
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec, load_hardware
 from slidedp.spec.model import load_model
-from slidedp.spec.plan import default_plan, plan_for_clipping
+from slidedp.spec.plan import Moments, default_plan, plan_for_clipping
 from slidedp.spec.workload import Workload
 
 AUTO = "auto"
@@ -89,10 +91,12 @@ def select_plan(opts: dict) -> Path:
                   opts["micro_batch"], opts["nproc"], where="command line")
     base = plan_for_clipping(default_plan(hw.fabric.kind).with_overrides(
         offload_ratio=opts["offload_ratio"], update_workers=opts["update_workers"],
-        host_bf16_copy=opts["host_bf16_copy"]), opts["grad_clip"], opts["skip_nonfinite"])
+        host_bf16_copy=opts["host_bf16_copy"], moments=opts["moments"] and Moments(opts["moments"])),
+        opts["grad_clip"], opts["skip_nonfinite"])
     print(f"choosing the plan (AutoPolicy) for {hw.name}, probes on {opts['device']}", flush=True)
     plan, report = choose_plan(hw, wl, cap_bytes(hw, opts["gpu_memory_cap_gib"]), base=base,
-                               probe_device=opts["device"], executor_device=opts["device"])
+                               probe_device=opts["device"], executor_device=opts["device"],
+                               choose_moments=not opts["moments"])
     lines = report.lines()
     out.mkdir(parents=True, exist_ok=True)
     write_plan(path, plan, report, "slidedp train --plan auto")

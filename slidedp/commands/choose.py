@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slidedp.model.state_tier import choose_tier
 from slidedp.policy.auto import GIB, auto_plan
 from slidedp.policy.report import PolicyReport
 from slidedp.profile.tomlw import dumps
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import HardwareSpec
-from slidedp.spec.plan import Plan, plan_dict
+from slidedp.spec.plan import Plan, default_plan, plan_dict
 from slidedp.spec.workload import Workload
 
 DEFAULT_TIME_LIMIT_S = 60.0  # selection with probes (a minute, against the published method's ~20)
@@ -38,10 +39,25 @@ def cap_bytes(hw: HardwareSpec, gib: float | None) -> float:
 
 def choose_plan(hw: HardwareSpec, wl: Workload, cap: float, *, base: Plan | None = None,
                 probe_device: str | None = None, executor_device: str | None = None,
-                time_limit_s: float | None = DEFAULT_TIME_LIMIT_S) -> tuple[Plan, PolicyReport]:
+                time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
+                choose_moments: bool = False) -> tuple[Plan, PolicyReport]:
     """auto_plan, confirmed by real probes on `probe_device` when given (one rank only: with
     wl.gpus > 1 the report says it was not probed) within `time_limit_s` of selection, its
-    activation policies limited to those the executor runs on `executor_device` when given."""
+    activation policies limited to those the executor runs on `executor_device` when given;
+    with `choose_moments`, base's moments format is the cheapest that fits host RAM
+    (model/state_tier.py), and the report's first note says why."""
+    why = None
+    if choose_moments:
+        base, why = choose_tier(hw, wl, base or default_plan(hw.fabric.kind))
+    plan, rep = _choose(hw, wl, cap, base, probe_device, executor_device, time_limit_s)
+    if why is not None:
+        rep.notes.insert(0, why)
+    return plan, rep
+
+
+def _choose(hw: HardwareSpec, wl: Workload, cap: float, base: Plan | None,
+            probe_device: str | None, executor_device: str | None,
+            time_limit_s: float | None) -> tuple[Plan, PolicyReport]:
     runs = None
     if executor_device is not None:
         from slidedp.policy.probe import runs_policy
@@ -56,7 +72,7 @@ def choose_plan(hw: HardwareSpec, wl: Workload, cap: float, *, base: Plan | None
         return plan, rep
     from slidedp.policy.probe import ExecutorProbe
 
-    with ExecutorProbe(wl, probe_device) as probe:
+    with ExecutorProbe(wl, probe_device, moments=str(base.moments if base else "fp32")) as probe:
         plan, rep = auto_plan(hw, wl, cap, base=base, probe=probe, probe_device=probe_device,
                               calibrate=probe.marginal_s, runs_policy=runs,
                               time_limit_s=time_limit_s)

@@ -23,6 +23,7 @@ from slidedp.spec.plan import (
     GradWiden,
     InternodeReduce,
     Kernels,
+    Moments,
     ParamRoute,
     Plan,
     UpdateSharding,
@@ -112,6 +113,9 @@ def add_plan_options(p: argparse.ArgumentParser, auto: bool = False) -> None:
                    help="the layers' and the LM head's kernels: eager (transformers' own), liger "
                    "(liger-kernel's fused ones, CUDA only) or auto (the default: liger on CUDA "
                    "where liger-kernel imports, else eager; exec/fused_kernels.py)")
+    g.add_argument("--moments", choices=[e.value for e in Moments],
+                   help="the Adam moments on the host: fp32 (the default, 8 B/param), bf16 "
+                   "(4 B/param) or int8 (block-wise 8-bit, ~2 B/param); the master stays FP32")
 
 
 def add_clip_option(p: argparse.ArgumentParser) -> None:
@@ -203,7 +207,8 @@ def with_plan_options(plan: Plan, args: argparse.Namespace) -> Plan:
             "grad_widen": getattr(args, "grad_widen", None) and GradWiden(args.grad_widen),
             "internode_reduce": getattr(args, "internode_reduce", None)
             and InternodeReduce(args.internode_reduce),
-            "kernels": getattr(args, "kernels", None) and Kernels(args.kernels)}
+            "kernels": getattr(args, "kernels", None) and Kernels(args.kernels),
+            "moments": getattr(args, "moments", None) and Moments(args.moments)}
     try:
         return plan.with_overrides(**over)
     except SpecError as e:
@@ -254,7 +259,7 @@ def describe(r: Resolved) -> str:
             f"offload r={p.offload_ratio:g}"
             f"{f' | update deferred, {p.clip_schedule}' if p.defer_update else ''}"
             f"{' | embedding rows split' if p.splits_embedding else ''} | gradients widened "
-            f"on the {_widened_on(p, r.workload.gpus)} | kernels {p.kernels}")
+            f"on the {_widened_on(p, r.workload.gpus)} | kernels {p.kernels} | moments {p.moments}")
 
 
 def print_choice(r: Resolved) -> None:

@@ -29,7 +29,7 @@ from slidedp.commands.common import (
     with_network,
 )
 from slidedp.spec.hardware import load_hardware
-from slidedp.spec.plan import default_plan, plan_for_clipping
+from slidedp.spec.plan import Moments, default_plan, plan_for_clipping
 
 
 def register(sub) -> None:
@@ -55,6 +55,9 @@ def register(sub) -> None:
     p.add_argument("--time-limit-s", type=float, default=DEFAULT_TIME_LIMIT_S,
                    help="with --probe: no probe starts that would end the selection past this "
                    f"(the best simulated finalist is always probed; default {DEFAULT_TIME_LIMIT_S:g})")
+    p.add_argument("--moments", choices=[m.value for m in Moments],
+                   help="the Adam moments' format (default: the cheapest that fits host RAM, "
+                   "fp32 first; model/state_tier.py)")
     p.add_argument("--out", metavar="FILE", help="write the plan TOML ([plan] table) here")
     p.set_defaults(func=run)
 
@@ -67,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
     device = (args.device or default_device()) if args.probe else None
     clip = grad_clip(args.grad_clip)
     base = plan_for_clipping(default_plan(hw.fabric.kind), clip)
+    if args.moments:
+        base = base.with_overrides(moments=Moments(args.moments))
     plan, report = choose_plan(hw, wl, cap, base=base, probe_device=device,
-                               time_limit_s=time_limit(args.time_limit_s))
+                               time_limit_s=time_limit(args.time_limit_s),
+                               choose_moments=not args.moments)
     print("\n".join(report.lines()))
     if args.out:
         write_plan(Path(args.out), plan, report, "slidedp plan")

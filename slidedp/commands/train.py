@@ -69,7 +69,14 @@ from slidedp.exec.dtypes import COMPUTE_DTYPES
 from slidedp.exec.outcome import RunEnd
 from slidedp.exec.schedule import SCHEDULES, LrSchedule
 from slidedp.spec.errors import InfeasiblePlan, SpecError
-from slidedp.spec.plan import ClipSchedule, GradWiden, InternodeReduce, Kernels, plan_for_clipping
+from slidedp.spec.plan import (
+    ClipSchedule,
+    GradWiden,
+    InternodeReduce,
+    Kernels,
+    Moments,
+    plan_for_clipping,
+)
 from slidedp.spec.tomlio import read_toml
 
 if TYPE_CHECKING:
@@ -93,18 +100,20 @@ DEFAULTS = {
     "skip_nonfinite": 0, "no_save_on_stop": False, "kernels": None, "defer_update": None,
     "grad_widen": None, "embedding_rows": None, "no_step_join": None, "clip_schedule": None,
     "nodes": 1, "internode_reduce": None,
+    "moments": None, "no_checkpoint": False,
 }
 INTS = {"seq", "global_batch", "micro_batch", "nproc", "nodes", "timeout", "steps", "warmup_steps", "seed",
         "checkpoint_every", "keep_checkpoints", "window_slots", "update_workers", "skip_nonfinite"}
 FLOATS = {"lr", "weight_decay", "eps", "grad_clip", "chunk_mib", "offload_ratio",
           "gpu_memory_cap_gib"}
 BOOLS = {"no_shuffle", "resume", "host_bf16_copy", "no_save_on_stop", "defer_update",
-         "embedding_rows", "no_step_join"}
+         "embedding_rows", "no_step_join", "no_checkpoint"}
 CHOICES = {"lr_schedule": SCHEDULES, "dtype": COMPUTE_DTYPES, "device": DEVICES,
            "kernels": tuple(k.value for k in Kernels),
            "grad_widen": tuple(g.value for g in GradWiden),
            "clip_schedule": tuple(c.value for c in ClipSchedule),
-           "internode_reduce": tuple(r.value for r in InternodeReduce)}
+           "internode_reduce": tuple(r.value for r in InternodeReduce),
+           "moments": tuple(m.value for m in Moments)}
 MIN = {"steps": 1, "checkpoint_every": 0, "keep_checkpoints": 1, "warmup_steps": 0, "seed": 0,
        "skip_nonfinite": 0}
 # what may differ from DIR/config.toml on --resume: how the run executes, where, and for how long;
@@ -115,7 +124,8 @@ RESUME_MAY_CHANGE = ("steps", "nproc", "nodes", "internode_reduce", "timeout", "
                      "param_route", "grad_route", "update_sharding", "chunk_mib", "window_slots",
                      "offload_ratio", "update_workers", "host_bf16_copy", "skip_nonfinite",
                      "no_save_on_stop", "kernels", "defer_update", "grad_widen", "embedding_rows",
-                     "no_step_join", "eval_data", "eval_every", "report_to", "clip_schedule")
+                     "no_step_join", "eval_data", "eval_every", "report_to", "no_checkpoint",
+                     "clip_schedule")
 NOT_SAVED = ("out", "resume")  # options of the invocation, not of the run: not in config.toml
 # the data, eval, export and logging options (commands/train_data.py)
 DEFAULTS |= train_data.DEFAULTS
@@ -169,6 +179,9 @@ def register(sub) -> None:
     c.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 0: "
                    "only after the last step)")
     c.add_argument("--keep-checkpoints", type=int, help="newest checkpoints kept (default 2)")
+    c.add_argument("--no-checkpoint", action="store_true", help="write no checkpoint at all, "
+                   "only final/ after the last step (a stop signal then saves nothing): for a "
+                   "disk that cannot hold the state (12-16 B/param) beside the model")
     c.add_argument("--resume", action="store_true", help="continue from the newest checkpoint "
                    "in --out, with the options of OUT/config.toml (see above)")
     c.add_argument("--trace", help="write the last step's measured Timeline as a Chrome trace")
@@ -317,6 +330,9 @@ def build(opts: dict, source=None):
     from slidedp.exec.io import open_model_source
     from slidedp.exec.trainer import BASE_HARDWARE, TrainConfig, local_hardware
 
+    if opts["no_checkpoint"] and opts["checkpoint_every"]:
+        raise SpecError("command line", "--checkpoint-every", "0 (the default) with "
+                        f"--no-checkpoint, which writes none, got {opts['checkpoint_every']}")
     ranks, mb, gb, nodes = opts["nproc"], opts["micro_batch"], opts["global_batch"], opts["nodes"]
     if gb % (mb * ranks * nodes):
         across = f" x nodes = {mb} x {ranks} x {nodes}" if nodes > 1 else f" = {mb} x {ranks}"
@@ -331,7 +347,7 @@ def build(opts: dict, source=None):
         "seq", "micro_batch", "global_batch", "plan", "param_route", "grad_route",
         "update_sharding", "chunk_mib", "window_slots", "offload_ratio", "update_workers",
         "host_bf16_copy", "kernels", "defer_update", "grad_widen", "embedding_rows",
-        "no_step_join", "clip_schedule", "internode_reduce")},
+        "no_step_join", "clip_schedule", "internode_reduce", "moments")},
         hardware=opts["hardware"] or BASE_HARDWARE, model=opts["model"], gpus=ranks)
     r = resolve(ns)
     resolve_kernels(r.plan.kernels, torch.device(opts["device"]))  # liger off CUDA: exit 2 now
@@ -350,7 +366,9 @@ def build(opts: dict, source=None):
         resume=opts["resume"], trace=Path(opts["trace"]) if opts["trace"] else None,
         plan=plan_for_clipping(r.plan, opts["grad_clip"], opts["skip_nonfinite"]),
         hardware=hw, skip_nonfinite=opts["skip_nonfinite"],
-        save_on_stop=not opts["no_save_on_stop"], nodes=nodes, **train_data.config_fields(opts))
+        save_on_stop=not (opts["no_save_on_stop"] or opts["no_checkpoint"]),
+        checkpoints=not opts["no_checkpoint"], nodes=nodes,
+        **train_data.config_fields(opts))
     return cfg, source
 
 

@@ -1,9 +1,12 @@
-"""Training checkpoints that resume exactly: per unit the FP32 master and Adam m, v; plus a JSON of
+"""Training checkpoints that resume exactly: per unit the FP32 master and Adam m, v (in the host
+state's format: FP32, BF16 or int8 codes with their blocks' absmax; exec/moments.py); plus a JSON of
 everything else (global step, RNG states, and what the trainer puts in `meta`: per-unit step
 counts, data position, model config, the model fingerprint).
 
 Layout of one checkpoint, <root>/step-<8-digit step>/:
-  unit-<5-digit u>.safetensors   tensors "master", "m", "v": flat FP32, the unit's layout
+  unit-<5-digit u>.safetensors   tensors "master", "m", "v" (flat, the unit's layout; master
+                                 FP32, m and v as the state keeps them) and, for int8 moments,
+                                 "m_absmax", "v_absmax" (FP32, one per 256-element block)
   meta.json                      written last; a step dir without it is never reported
 Saving streams unit by unit (stream.py: no second copy of the state in memory) into a temp dir
 next to the final one and renames it into place after fsync (io/atomic.py); older checkpoints
@@ -30,13 +33,15 @@ from safetensors import safe_open
 
 from slidedp.exec.finite import check_finite
 from slidedp.exec.io.atomic import TMP_MARK, atomic_dir
-from slidedp.exec.io.stream import SafetensorsWriter
+from slidedp.exec.io.stream import ST_DTYPE, SafetensorsWriter
 from slidedp.spec.errors import SpecError
 
 FORMAT = 1
 META = "meta.json"
 STEP_RE = re.compile(r"^step-(\d{8})$")
-STATE_NAMES = ("master", "m", "v")
+STATE_NAMES = ("master", "m", "v", "m_absmax", "v_absmax")  # a unit's tensors, in order
+ELEMENT_NAMES = 3  # the first three hold one value per parameter of the unit
+DTYPE_NAMES = {torch.float32: "FP32", torch.bfloat16: "BF16", torch.uint8: "uint8"}
 READ_CHUNK_ELEMS = 1 << 24  # elements copied per slice when loading (bounds the temp memory)
 
 
@@ -89,11 +94,12 @@ def restore_rng(state: dict) -> None:
 def save_checkpoint(
     root: Path | str,
     step: int,
-    units: Iterable[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]],
+    units: Iterable[tuple[int, torch.Tensor, ...]],
     meta: dict,
     keep: int = 2,
 ) -> Path:
-    """Write <root>/step-<step> from (u, master, m, v) flat FP32 tensors, each unit once.
+    """Write <root>/step-<step> from (u, master, m, v[, m_absmax, v_absmax]) flat tensors, each
+    unit once (HostState.unit_state's, in STATE_NAMES order; dtypes as given).
 
     `meta` must be JSON-able and hold "fingerprint" (io.hf.fingerprint); "format", "step" and
     "rng" (capture_rng() now) are added. Keeps the newest `keep` checkpoints after this one is
@@ -111,9 +117,14 @@ def save_checkpoint(
         for u, *state in units:
             if u in done or not 0 <= u < len(numels):
                 raise ValueError(f"save_checkpoint: unit {u} repeated or out of range")
-            plan = [(name, torch.float32, (numels[u],)) for name in STATE_NAMES]
+            named = list(zip(STATE_NAMES, state, strict=False))
+            if len(named) != len(state) or len(state) < ELEMENT_NAMES \
+                    or any(t.numel() != numels[u] for t in state[:ELEMENT_NAMES]):
+                raise ValueError(f"save_checkpoint: unit {u}: expected master, m, v of "
+                                 f"{numels[u]} elements (and absmax), got {len(state)} tensors")
+            plan = [(name, t.dtype, (t.numel(),)) for name, t in named]
             with SafetensorsWriter(_unit_file(tmp, u), plan) as w:
-                for name, t in zip(STATE_NAMES, state, strict=True):
+                for name, t in named:
                     check_finite(t, f"unit {u}'s {name} (checkpoint step {step})")
                     w.write(name, t)
             done.add(u)
@@ -146,27 +157,31 @@ def latest_checkpoint(root: Path | str) -> Path | None:
 
 
 class CheckpointReader:
-    """Copies a unit's saved master, m and v into caller-owned flat FP32 tensors."""
+    """Copies a unit's saved master, m and v (and absmax) into caller-owned flat tensors."""
 
     def __init__(self, ckpt: Path, unit_numels: list[int]):
         self.ckpt, self.unit_numels = ckpt, unit_numels
 
-    def read_unit(self, u: int, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+    def read_unit(self, u: int, *outs: torch.Tensor) -> None:
+        """Unit u's tensors into `outs` (master, m, v[, m_absmax, v_absmax], as saved: each of
+        the saved dtype and size, else a SpecError naming the file and the tensor)."""
         path = _unit_file(self.ckpt, u)
         if not path.is_file():
             raise SpecError(str(path), "<file>", f"unit {u}'s state (the checkpoint is incomplete)")
         n = self.unit_numels[u]
         with safe_open(str(path), framework="pt") as f:
             names = list(f.keys())  # safe_open is not a dict: it has no __contains__
-            for name, out in zip(STATE_NAMES, (master, m, v), strict=True):
-                shape = f.get_slice(name).get_shape() if name in names else None
-                if shape != [n] or out.numel() != n:
-                    raise SpecError(
-                        str(path), name, f"a flat FP32 tensor of {n} elements, got {shape}"
-                    )
-                sl = f.get_slice(name)
-                for lo in range(0, n, READ_CHUNK_ELEMS):
-                    hi = min(n, lo + READ_CHUNK_ELEMS)
+            for i, (name, out) in enumerate(zip(STATE_NAMES, outs, strict=False)):
+                k = n if i < ELEMENT_NAMES else out.numel()
+                sl = f.get_slice(name) if name in names else None
+                shape, dtype = (None, None) if sl is None else (sl.get_shape(), sl.get_dtype())
+                want = DTYPE_NAMES.get(out.dtype, str(out.dtype))
+                if shape != [k] or out.numel() != k or dtype != ST_DTYPE.get(out.dtype):
+                    got = "none" if sl is None else f"{dtype} {shape}"
+                    raise SpecError(str(path), name,
+                                    f"a flat {want} tensor of {k} elements, got {got}")
+                for lo in range(0, k, READ_CHUNK_ELEMS):
+                    hi = min(k, lo + READ_CHUNK_ELEMS)
                     out[lo:hi].copy_(sl[lo:hi])
 
 

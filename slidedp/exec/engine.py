@@ -159,7 +159,11 @@ class Engine:
     def _host_state(self, host_state: HostState | None, numels: list[int],
                     copy_dtype: torch.dtype | None) -> HostState:
         if host_state is None:
-            host_state = self._created_state = HostState.create(numels, copy_dtype)
+            host_state = self._created_state = HostState.create(numels, copy_dtype,
+                                                                moments=str(self.plan.moments))
+        if host_state.moments != self.plan.moments:
+            raise SpecError("engine", "host_state", f"moments in the plan's format "
+                            f"({self.plan.moments}), got {host_state.moments}")
         if host_state.unit_numels != numels or host_state.copy_dtype != copy_dtype:
             raise SpecError("engine", "host_state", f"units {numels} with a parameter copy of "
                             f"dtype {copy_dtype}, got {host_state.unit_numels} / {host_state.copy_dtype}")

@@ -3,7 +3,10 @@
 Per streaming unit (layout.py: 0 embedding, 1..L layers, L+1 final norm + head) the FP32 master,
 exp_avg and exp_avg_sq are flat slices of three files in /dev/shm, mapped with
 torch.from_file(shared=True): 12 bytes per parameter, one copy per host, and a second process
-(a later rank process) maps the same memory with `HostState.attach(name)`. Optionally a fourth
+(a later rank process) maps the same memory with `HostState.attach(name)`. The moments may be
+compact (`moments`, plan.moments: BF16, 4 bytes per parameter for both, or block-wise 8-bit, 2 bytes
+plus one FP32 absmax per 256 elements in two more files, each unit's moments starting on a block
+boundary of their own; moments.py). Optionally a fourth
 file holds the parameters in the compute dtype (`copy_dtype`, BF16 on GPUs: the plan's
 `host_bf16_copy`), written by the update and uploaded directly, with no cast in the next step.
 
@@ -48,10 +51,12 @@ from pathlib import Path
 import torch
 
 from slidedp.exec.layout import model_layout
+from slidedp.exec.moments import FORMATS, QBLOCK, STORED_DTYPE, MomentSpan, blocks
 from slidedp.spec.errors import InfeasiblePlan
 
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-FILES = ("master", "exp_avg", "exp_avg_sq", "steps", "copy", "json")  # a state's, by suffix
+FILES = ("master", "exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax", "steps", "copy",
+         "json")  # a state's, by suffix
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SEGMENT_RE = re.compile(r"^slidedp-(\d+)-(?:(\d+)-)?[0-9a-f]{8}[.]")  # pid, start (older: none)
 _reclaimed = False  # reclaim_segments() ran in this process
@@ -157,25 +162,31 @@ def cuda_host_unregister(t: torch.Tensor) -> None:
 
 
 class HostState:
-    """Flat FP32 master / exp_avg / exp_avg_sq per unit in shared memory, plus per-unit steps."""
+    """Flat FP32 master, exp_avg / exp_avg_sq (in the `moments` format) per unit in shared memory,
+    plus per-unit steps."""
 
     def __init__(
         self, name: str, unit_numels: list[int], copy_dtype: torch.dtype | None, owner: bool,
-        storage_of: list[int] | None = None,
+        storage_of: list[int] | None = None, moments: str = "fp32",
     ):
+        if moments not in FORMATS:
+            raise ValueError(f"host state {name}: moments {moments!r}, expected one of {FORMATS}")
         self.name = name
         self.unit_numels = list(unit_numels)
         self.copy_dtype = copy_dtype
         self.owner = owner
+        self.moments = moments
         self.storage_of = checked_storage_of(self.unit_numels, storage_of)
-        self.starts, total = [], 0  # unit u's first element (its storage unit's for a sharer)
-        for u, n in enumerate(self.unit_numels):
-            s = self.storage_of[u]
-            self.starts.append(total if s == u else self.starts[s])
-            total += n if s == u else 0
+        self.starts, total = offsets(self.unit_numels, self.storage_of, 1)
+        # the moments' own offsets: a block boundary per unit for int8 (module docstring)
+        self.mstarts, mtotal = offsets(self.unit_numels, self.storage_of,
+                                       QBLOCK if moments == "int8" else 1)
         self.master = self._map("master", total, torch.float32)
-        self.exp_avg = self._map("exp_avg", total, torch.float32)
-        self.exp_avg_sq = self._map("exp_avg_sq", total, torch.float32)
+        self.exp_avg = self._map("exp_avg", mtotal, STORED_DTYPE[moments])
+        self.exp_avg_sq = self._map("exp_avg_sq", mtotal, STORED_DTYPE[moments])
+        self.absmax = None if moments != "int8" else tuple(  # per block, of m and of v
+            self._map(f"{what}_absmax", mtotal // QBLOCK, torch.float32)
+            for what in ("exp_avg", "exp_avg_sq"))
         self.steps = self._map("steps", len(self.unit_numels), torch.int64)  # updates done per unit
         self.copy = self._map("copy", total, copy_dtype) if copy_dtype is not None else None
         self._pinned: list[torch.Tensor] = []
@@ -185,30 +196,33 @@ class HostState:
     @classmethod
     def create(
         cls, unit_numels: list[int], copy_dtype: torch.dtype | None = None, name: str | None = None,
-        storage_of: list[int] | None = None,
+        storage_of: list[int] | None = None, moments: str = "fp32",
     ) -> HostState:
         """New zero-filled state (the files are created sparse: pages appear when written);
         `name`: for other processes to attach, None for a state of this process alone (unlinked
         once mapped: module docstring); `storage_of`: units that share memory (module
-        docstring), None for none."""
+        docstring), None for none; `moments`: their format (moments.py)."""
         private = name is None
         reclaim_once()
         name = name or segment_name()
         storage_of = checked_storage_of(list(unit_numels), storage_of)
         elems = sum(n for u, n in enumerate(unit_numels) if storage_of[u] == u)
         copy_bytes = 0 if copy_dtype is None else copy_dtype.itemsize
-        check_room(elems * (3 * 4 + copy_bytes) + 8 * len(unit_numels),
-                   f"host state {name}: FP32 master, exp_avg, exp_avg_sq"
+        moment_bytes = 2 * (STORED_DTYPE[moments].itemsize + (4 / QBLOCK if moments == "int8" else 0))
+        check_room(elems * (4 + moment_bytes + copy_bytes) + 8 * len(unit_numels),
+                   f"host state {name}: FP32 master, {moments} exp_avg, exp_avg_sq"
                    + ("" if copy_dtype is None else f" and a {copy_dtype} copy")
                    + f" of {elems} elements")
         meta = {
             "unit_numels": list(unit_numels),
             "copy_dtype": None if copy_dtype is None else str(copy_dtype).removeprefix("torch."),
             "storage_of": storage_of,
+            "moments": moments,
         }
         (SHM_DIR / f"{name}.json").write_text(json.dumps(meta))
         try:
-            hs = cls(name, unit_numels, copy_dtype, owner=True, storage_of=storage_of)
+            hs = cls(name, unit_numels, copy_dtype, owner=True, storage_of=storage_of,
+                     moments=moments)
         except BaseException:
             cls.unlink_files(name)
             raise
@@ -222,7 +236,7 @@ class HostState:
         meta = json.loads((SHM_DIR / f"{name}.json").read_text())
         dt = meta["copy_dtype"]
         return cls(name, meta["unit_numels"], None if dt is None else _DTYPES[dt], owner=False,
-                   storage_of=meta.get("storage_of"))
+                   storage_of=meta.get("storage_of"), moments=meta.get("moments", "fp32"))
 
     def _path(self, what: str) -> Path:
         return SHM_DIR / f"{self.name}.{what}"
@@ -246,6 +260,7 @@ class HostState:
         sub.name, sub.owner, sub._pinned = f"{self.name}.subset", False, []
         sub.unit_numels = [self.unit_numels[u] for u in units]
         sub.starts = [self.starts[u] for u in units]
+        sub.mstarts = [self.mstarts[u] for u in units]
         sub.storage_of = list(range(len(units)))
         sub.steps = torch.zeros(len(units), dtype=torch.int64)
         return sub
@@ -272,10 +287,38 @@ class HostState:
         return self._unit(self.master, u)
 
     def unit_m(self, u: int) -> torch.Tensor:
-        return self._unit(self.exp_avg, u)
+        """Unit u's exp_avg as stored (FP32, BF16 or the int8 codes)."""
+        return self.exp_avg[self.mstarts[u] : self.mstarts[u] + self.unit_numels[u]]
 
     def unit_v(self, u: int) -> torch.Tensor:
-        return self._unit(self.exp_avg_sq, u)
+        """Unit u's exp_avg_sq as stored (FP32, BF16 or the int8 codes)."""
+        return self.exp_avg_sq[self.mstarts[u] : self.mstarts[u] + self.unit_numels[u]]
+
+    def unit_absmax(self, u: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The absmax per block of unit u's m and v (int8 moments only)."""
+        b0 = self.mstarts[u] // QBLOCK
+        return tuple(a[b0 : b0 + blocks(self.unit_numels[u])] for a in self.absmax)
+
+    def moment_span(self, u: int, lo: int, hi: int) -> MomentSpan:
+        """The moments of elements [lo, hi) of unit u, for their update (lo on a QBLOCK
+        boundary of the unit with int8 moments)."""
+        m, v = self.unit_m(u)[lo:hi], self.unit_v(u)[lo:hi]
+        if self.absmax is None:
+            return MomentSpan(self.moments, m, v)
+        if lo % QBLOCK:
+            raise ValueError(f"host state {self.name}: int8 moments of unit {u} updated from "
+                             f"element {lo}, not a multiple of {QBLOCK}")
+        ma, va = self.unit_absmax(u)
+        b0, b1 = lo // QBLOCK, blocks(hi)
+        return MomentSpan(self.moments, m, v, ma[b0:b1], va[b0:b1])
+
+    def unit_state(self, u: int) -> dict[str, torch.Tensor]:
+        """Views of unit u's state as a checkpoint keeps it: master, m, v (as stored) and, with
+        int8 moments, m_absmax and v_absmax."""
+        out = {"master": self.unit_master(u), "m": self.unit_m(u), "v": self.unit_v(u)}
+        if self.absmax is not None:
+            out["m_absmax"], out["v_absmax"] = self.unit_absmax(u)
+        return out
 
     def unit_copy(self, u: int) -> torch.Tensor:
         """The unit's parameters in the compute dtype (only with copy_dtype)."""
@@ -298,9 +341,13 @@ class HostState:
         sd = model.state_dict()
         for lay in model_layout(model):
             self.write_unit(lay.unit, torch.cat([sd[e.name].reshape(-1) for e in lay.entries]))
-        self.exp_avg.zero_()
-        self.exp_avg_sq.zero_()
+        self.zero_moments()
         self.steps.zero_()
+
+    def zero_moments(self) -> None:
+        """Every unit's m and v zero (and their absmax)."""
+        for t in (self.exp_avg, self.exp_avg_sq, *(self.absmax or ())):
+            t.zero_()
 
     def init_random(self, config, seed: int) -> None:
         """The weights transformers' from_config draws under torch.manual_seed(seed).
@@ -316,15 +363,16 @@ class HostState:
     # ---- checkpoints -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Views (no copies) of every unit's state: unit{u}.master / .exp_avg / .exp_avg_sq, steps."""
+        """Views (no copies) of every unit's state: unit{u}.master / .exp_avg / .exp_avg_sq (and
+        .exp_avg_absmax / .exp_avg_sq_absmax with int8 moments), steps."""
         if self.shares_storage:
             raise RuntimeError(f"host state {self.name}: its units share memory (a timing "
                                "probe's state): it holds no model to save or load")
         out = {"steps": self.steps}
+        keys = {"master": "master", "m": "exp_avg", "v": "exp_avg_sq",
+                "m_absmax": "exp_avg_absmax", "v_absmax": "exp_avg_sq_absmax"}
         for u in range(self.n_units):
-            out[f"unit{u}.master"] = self.unit_master(u)
-            out[f"unit{u}.exp_avg"] = self.unit_m(u)
-            out[f"unit{u}.exp_avg_sq"] = self.unit_v(u)
+            out.update({f"unit{u}.{keys[k]}": t for k, t in self.unit_state(u).items()})
         return out
 
     def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
@@ -348,7 +396,7 @@ class HostState:
         for t in self._pinned:
             cuda_host_unregister(t)
         self._pinned.clear()
-        self.master = self.exp_avg = self.exp_avg_sq = self.steps = self.copy = None
+        self.master = self.exp_avg = self.exp_avg_sq = self.absmax = self.steps = self.copy = None
         if self.owner:
             self.unlink()
 
@@ -360,6 +408,17 @@ class HostState:
     def unlink_files(name: str) -> None:
         for what in FILES:
             (SHM_DIR / f"{name}.{what}").unlink(missing_ok=True)
+
+
+def offsets(unit_numels: list[int], storage_of: list[int], align: int) -> tuple[list[int], int]:
+    """(each unit's first element, total elements) of flat arrays holding the units in order,
+    each owner's start a multiple of `align`; a sharer starts where its storage unit does."""
+    starts, total = [], 0
+    for u, n in enumerate(unit_numels):
+        s = storage_of[u]
+        starts.append(total if s == u else starts[s])
+        total += -(-n // align) * align if s == u else 0
+    return starts, total
 
 
 def checked_storage_of(unit_numels: list[int], storage_of: list[int] | None) -> list[int]:

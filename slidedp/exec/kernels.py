@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from slidedp.exec.adamw import AdamWConfig, adamw_chunk
+from slidedp.exec.adamw import AdamWConfig
 from slidedp.exec.buffers import Buffers
 from slidedp.exec.host_state import HostState
 from slidedp.exec.layer_runner import Attention, ModelRunner, PerMicroBatch
@@ -253,12 +253,12 @@ def adam_grad(k: Context, v: int, n: int) -> torch.Tensor:
 
 def update(k: Context, d: StepData, u: int, lo: int, hi: int, g: torch.Tensor,
            coef: float = 1.0) -> None:
-    """AdamW on elements [lo, hi) of unit u with gradient g times coef (adamw.adamw_chunk), and
+    """AdamW on elements [lo, hi) of unit u with gradient g times coef (adamw.adamw_chunk, through
+    the moments' format: moments.MomentSpan), and
     the parameter copy the uploads read, if the host state keeps one."""
     hs = k.host_state
     p = hs.unit_master(u)[lo:hi]
-    adamw_chunk(p, g, hs.unit_m(u)[lo:hi], hs.unit_v(u)[lo:hi], d.adam_step[u], k.opt, d.lr,
-                coef)
+    hs.moment_span(u, lo, hi).adamw(p, g, d.adam_step[u], k.opt, d.lr, coef)
     if hs.copy is not None:
         hs.unit_copy(u)[lo:hi].copy_(p)
 

@@ -84,8 +84,10 @@ def fill_random(init: RandomInit, layout, state: HostState) -> None:
 
 
 def random_host_state(model_config: dict, copy_dtype: torch.dtype | None,
-                      session: DistSession | None, distinct_layers: int | None = None) -> HostState:
-    """The one host state of the model, random weights (collective with a session). With
+                      session: DistSession | None, distinct_layers: int | None = None,
+                      moments: str = "fp32") -> HostState:
+    """The one host state of the model, random weights, its Adam moments in the `moments`
+    format (plan.moments) (collective with a session). With
     `distinct_layers` = k (a timing probe's state, one process only), decoder layer i lives in
     the memory of layer i mod k (layers_sharing_memory): the same work per layer on k layers'
     memory."""
@@ -95,9 +97,10 @@ def random_host_state(model_config: dict, copy_dtype: torch.dtype | None,
     if session is not None:
         if distinct_layers is not None:
             raise ValueError("distinct_layers: a probe's state, for one process without a session")
-        return session.host_state(numels, copy_dtype, init=lambda s: fill_random(init, layout, s))
+        return session.host_state(numels, copy_dtype, init=lambda s: fill_random(init, layout, s),
+                                  moments=moments)
     storage_of = None if distinct_layers is None else layers_sharing_memory(numels, distinct_layers)
-    hs = HostState.create(numels, copy_dtype, storage_of=storage_of)
+    hs = HostState.create(numels, copy_dtype, storage_of=storage_of, moments=moments)
     try:
         fill_random(init, layout, hs)
     except BaseException:  # a failed fill releases the state's memory at once

@@ -22,7 +22,8 @@ boundary, DistSession.agree_stop) ends the run at the boundary after a checkpoin
 save_on_stop is off). run() returns how the run ended (outcome.RunEnd); a write that fails (disk
 full, read-only) is a RunError naming the file.
 Checkpoints go to OUT/checkpoints/step-N (exec/checkpoint.py: atomic, the newest
-`keep_checkpoints` kept) every `checkpoint_every` steps and after the last step; the final
+`keep_checkpoints` kept) every `checkpoint_every` steps and after the last step, unless
+`checkpoints` is off (final/ only); the final
 model goes to OUT/final in `save_dtype` (else `dtype`), with the source directory's tokenizer and
 generation config (exec/io/export.py). With `eval_data`, the eval loss (exec/evaluate.py) is
 added to the metrics row of every `eval_every`-th step and of the last (key eval_loss).
@@ -111,6 +112,7 @@ class TrainConfig:
     hardware: HardwareSpec
     skip_nonfinite: int = 0  # non-finite steps whose update may be skipped (0: stop at the first)
     save_on_stop: bool = True  # a stop signal saves a checkpoint at the step boundary
+    checkpoints: bool = True  # False: no checkpoint at all, final/ only (--no-checkpoint)
     data_options: DataOptions = DataOptions()
     eval_data: str | None = None
     eval_every: int = 0  # 0: after the last step only
@@ -275,7 +277,7 @@ class Trainer:
                     if reader is None:
                         source.read_unit(u, out=hs.unit_master(u))
                     else:
-                        reader.read_unit(u, hs.unit_master(u), hs.unit_m(u), hs.unit_v(u))
+                        reader.read_unit(u, *hs.unit_state(u).values())
                 if hs.copy is not None:
                     hs.copy.copy_(hs.master)
                 if meta is not None:
@@ -288,9 +290,10 @@ class Trainer:
         numels = source.unit_numels
         copy_dtype = DTYPES[cfg.dtype] if cfg.plan.host_bf16_copy else None
         if self.session is None:
-            hs = fill(HostState.create(numels, copy_dtype))
+            hs = fill(HostState.create(numels, copy_dtype, moments=str(cfg.plan.moments)))
         else:
-            hs = self.session.host_state(numels, copy_dtype, init=fill)
+            hs = self.session.host_state(numels, copy_dtype, init=fill,
+                                         moments=str(cfg.plan.moments))
         try:
             return self._engine(hs)
         except BaseException:
@@ -380,7 +383,8 @@ class Trainer:
         if bad:
             return self._nonfinite_end(bad, res.skipped)
         every = cfg.checkpoint_every
-        saved = self.step == cfg.steps or bool(every and self.step % every == 0)
+        saved = cfg.checkpoints and (self.step == cfg.steps
+                                     or bool(every and self.step % every == 0))
         if saved or stop is not None:  # a checkpoint or the export reads the host state next
             self.engine.flush()  # every rank: the saved and stop decisions are alike on all
         if saved and self.lead:
@@ -431,7 +435,7 @@ class Trainer:
         meta = {"fingerprint": self.source.fingerprint(), "model": self.source.where,
                 "unit_steps": hs.steps.tolist(), "data": self.batches.state_dict(),
                 "data_fingerprint": self.data_fingerprint, "nonfinite_skipped": self.skipped}
-        units = ((u, hs.unit_master(u), hs.unit_m(u), hs.unit_v(u)) for u in range(hs.n_units))
+        units = ((u, *hs.unit_state(u).values()) for u in range(hs.n_units))
         with writing(self.cfg.checkpoint_root):
             return save_checkpoint(self.cfg.checkpoint_root, self.step, units, meta,
                                    keep=self.cfg.keep_checkpoints)

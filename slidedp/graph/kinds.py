@@ -195,7 +195,8 @@ def _cast_s(c: KindInputs, idx: np.ndarray) -> np.ndarray:
 
 def _adam_s(c: KindInputs, idx: np.ndarray) -> np.ndarray:
     g, host = c.g, c.hw.host
-    rates = np.array([host.adam_rate(t, g.meta.grad_wire_bytes) for t in g.threads[idx]])
+    rates = np.array([host.adam_rate(t, g.meta.grad_wire_bytes, g.meta.moments)
+                      for t in g.threads[idx]])
     s = g.work[idx] / (rates * c.share[idx])
     return s + c.cast_s(idx) if g.meta.adam_writes_copy else s
 
@@ -244,7 +245,7 @@ def _cast_rate(hw: HardwareSpec, g: TaskGraph, threads: float, work: float) -> f
 
 
 def _adam_rate(hw: HardwareSpec, g: TaskGraph, threads: float, work: float) -> float:
-    return hw.host.adam_rate(threads, g.meta.grad_wire_bytes)
+    return hw.host.adam_rate(threads, g.meta.grad_wire_bytes, g.meta.moments)
 
 
 def _update_cast_rate(hw: HardwareSpec, g: TaskGraph, threads: float, work: float) -> float:

@@ -8,6 +8,7 @@ import numpy as np
 from slidedp.graph.tasks import Kind, TaskGraph
 from slidedp.spec.elements import FP32_BYTES, PARAM_BYTES
 from slidedp.spec.hardware import HardwareSpec
+from slidedp.spec.plan import Moments
 from slidedp.spec.segments import policy_cost, segment_costs
 from slidedp.spec.workload import Workload
 
@@ -77,8 +78,11 @@ def dram_bps(g: TaskGraph, hw: HardwareSpec) -> float:
 
 def adam_dram_bytes(g: TaskGraph, hw: HardwareSpec) -> float:
     """Host DRAM bytes an ADAM moves per parameter: the hardware's figure (an FP32 gradient)
-    with the gradient the graph's ADAMs read (GraphMeta.grad_wire_bytes)."""
-    return hw.host.adam_dram_bytes_per_param - FP32_BYTES + g.meta.grad_wire_bytes
+    with the gradient the graph's ADAMs read (GraphMeta.grad_wire_bytes) and their moments'
+    format (GraphMeta.moments: compact moments move fewer bytes)."""
+    moments = Moments(g.meta.moments).bytes_per_param  # read and written once each
+    return (hw.host.adam_dram_bytes_per_param - FP32_BYTES + g.meta.grad_wire_bytes
+            - 2 * (Moments.FP32.bytes_per_param - moments))
 
 
 def update_cast_dram_bytes(g: TaskGraph, hw: HardwareSpec) -> float:

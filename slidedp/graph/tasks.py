@@ -87,6 +87,7 @@ class GraphMeta:
     embedding_grad_align: int = 1  # the embedding's gradient chunks are multiples of this
     kernels: str = "eager"  # the layers' kernels (plan.kernels): which measured layer times apply
     nodes: int = 1  # nodes the job spans (workload.nodes): > 1 adds the inter-node tasks
+    moments: str = "fp32"  # the Adam moments' format (plan.moments): the update's rate and bytes
 
 
 @dataclass

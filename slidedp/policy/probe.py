@@ -129,8 +129,9 @@ class _Pipeline:
     keeps (the embedding, its first layers, the head: HostState.subset), built by building the
     whole one: the two pipelines never measure at once."""
 
-    def __init__(self, wl: Workload, device: str, whole: _Pipeline | None = None):
-        self.wl, self.device, self.whole = wl, device, whole
+    def __init__(self, wl: Workload, device: str, whole: _Pipeline | None = None,
+                 moments: str = "fp32"):
+        self.wl, self.device, self.whole, self.moments = wl, device, whole, moments
         self.config = dict(wl.model.config)
         self.hs: HostState | None = None
         self.setup_s = 0.0  # building the host state in the measuring thread
@@ -140,7 +141,8 @@ class _Pipeline:
         if self.hs is not None:
             return
         if self.whole is None:
-            self.hs = random_host_state(self.config, None, None, distinct_layers=DISTINCT_LAYERS)
+            self.hs = random_host_state(self.config, None, None, distinct_layers=DISTINCT_LAYERS,
+                                        moments=self.moments)
             return
         self.whole.build()
         n, last = self.wl.model.n_layers, self.whole.hs.n_units - 1
@@ -165,13 +167,14 @@ class _Pipeline:
 class ExecutorProbe:
     """Real probes of plans for one workload on this device (module docstring)."""
 
-    def __init__(self, wl: Workload, device: str):
+    def __init__(self, wl: Workload, device: str, moments: str = "fp32"):
+        """`moments`: the format of the probed plans' moments (plan.moments; one for all)."""
         if wl.gpus != 1:
             raise SpecError(wl.where, "gpus", "1 for real probes (probing R > 1 ranks needs rank "
                             f"processes, not implemented), got {wl.gpus}")
         self.device = device
         self.refusals: list[str] = []
-        self.full = _Pipeline(wl, device)
+        self.full = _Pipeline(wl, device, moments=moments)
         L = wl.model.n_layers
         self.reduced = self.full if L <= REDUCED_LAYERS else _Pipeline(
             dataclasses.replace(wl, model=reduced_model(wl.model, REDUCED_LAYERS)), device,

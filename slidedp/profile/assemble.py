@@ -47,7 +47,7 @@ from slidedp.profile.timing import Rounds, rounds_rule
 from slidedp.profile.topology import recorded_topology
 from slidedp.spec.errors import SpecError
 from slidedp.spec.hardware import COLLECTIVES, HardwareSpec
-from slidedp.spec.host import RANGE_KERNELS
+from slidedp.spec.host import MOMENTS_KEYS, RANGE_KERNELS
 from slidedp.spec.plan import Plan, team_cores
 from slidedp.spec.units import GB, GIB, MIB
 
@@ -321,6 +321,9 @@ class Assembler:
                     f"fresh buffers and {sample}, the first after {s.warmup} warm-up (a rate's "
                     f"rounds differed by up to {spread:.0%})")
         adam_top = res.adam_params_per_s[res.threads[-1]]
+        compact = {fmt: rates for fmt, rates in (("bf16", res.adam_bf16_moments_params_per_s),
+                                                 ("int8", res.adam_int8_moments_params_per_s))
+                   if rates}  # the update with compact moments, where measured
         # DRAM capacity: the most traffic any measured kernel moved. A plain copy undercounts
         # (its writes also read the line first), so the Adam or cast traffic can exceed it; a
         # capacity below a measured kernel's traffic would make the model slower than measured.
@@ -339,6 +342,8 @@ class Assembler:
             "adam_gparam_per_s": [[n, g4(res.adam_params_per_s[n] / 1e9)] for n in res.threads],
             "adam_bf16_grad_gparam_per_s": [[n, g4(res.adam_bf16_grad_params_per_s[n] / 1e9)]
                                             for n in res.threads],
+            **{MOMENTS_KEYS[fmt]: [[n, g4(rates[n] / 1e9)] for n in res.threads]
+               for fmt, rates in compact.items()},
             "adam_dram_bytes_per_param": ADAM_DRAM_BYTES_PER_PARAM,
             "cast_dram_bytes_per_elem": CAST_DRAM_BYTES_PER_ELEM,
             "source": m.source(f"measured on {mib} MiB buffers (LLC {m.llc_bytes // MIB} MiB; "
@@ -366,6 +371,11 @@ class Assembler:
                     f"measured: the same Adam on a BF16 gradient, widened {WIDEN_BLOCK} elements "
                     "at a time in cache (slidedp.exec.adamw.adamw_chunk, as plan.grad_widen = "
                     f"host runs it), params / time; {pool('adam bf16 grad')}"),
+                **{MOMENTS_KEYS[fmt]: m.source(
+                    f"measured: the same Adam with {fmt} moments (slidedp.exec.moments, as "
+                    f"plan.moments = {fmt} runs it: dequantize, fused AdamW, requantize block by "
+                    f"block), FP32 gradient, params / time; {pool(f'adam {fmt} moments')}")
+                   for fmt in compact},
                 "adam_dram_bytes_per_param": "derived: read p, m, v, g and write p, m, v, "
                                              "FP32 (7 x 4 B)",
                 "cast_dram_bytes_per_elem": "derived: read 4 B FP32, write 2 B BF16",

@@ -10,6 +10,9 @@ that copy_ and the fused Adam kernel run on) on buffers larger than the LLC (siz
          gradient as the GPU widened it: plan.grad_widen = gpu)
   adam, BF16 gradient   the same with a BF16 gradient, widened block by block in cache by
          adamw_chunk (plan.grad_widen = host): parameters / time
+  adam, bf16 / int8 moments   the update with compact moments (plan.moments; exec/moments.py:
+         dequantize, fused AdamW, requantize, block by block) on the same master and FP32
+         gradient, its m and v (and int8's absmax) in state memory: parameters / time
   teams  the executor's two CPU teams at once (HostBench.teams_bps): a cast team casting FP32 ->
          BF16 and an update team running the fused AdamW, each in its own thread with its own
          OpenMP team (interpreter.own_omp_team), both looping for the same wall time on buffers of
@@ -60,6 +63,7 @@ import torch
 from slidedp.exec.adamw import AdamWConfig, adamw_chunk
 from slidedp.exec.host_state import cuda_host_register, cuda_host_unregister, private_shared
 from slidedp.exec.interpreter import own_omp_team
+from slidedp.exec.moments import STORED_DTYPE, MomentSpan, blocks
 from slidedp.profile.machine import Machine
 from slidedp.profile.timing import run_together, wall_median_s
 from slidedp.spec.model import BF16, FP32
@@ -102,6 +106,7 @@ class HostBench:
         self.opt = AdamWConfig()
         self.adam_steps = 0
         self.cast_src: torch.Tensor | None = None  # the teams run's cast source, made on first use
+        self._compact: dict[str, MomentSpan] = {}  # compact moments by format, made on first use
         # the run by chunk size's buffers per team, where the bench's hold too few chunks
         self._chunked: dict[str, tuple[torch.Tensor, ...]] = {}
 
@@ -122,6 +127,20 @@ class HostBench:
 
     def adam_params_per_s(self, threads: int, bf16_grad: bool = False) -> float:
         return self.elems / self._median_s(lambda: self._adam_step(bf16_grad), threads)
+
+    def adam_moments_params_per_s(self, threads: int, fmt: str) -> float:
+        """Parameters/s of the update with `fmt` (bf16, int8) moments (module docstring)."""
+        span = self._compact.get(fmt)
+        if span is None:
+            m, v = (self.state_memory(self.elems, STORED_DTYPE[fmt]).zero_() for _ in range(2))
+            absmax = [self.state_memory(blocks(self.elems), torch.float32).zero_()
+                      for _ in range(2)] if fmt == "int8" else [None, None]
+            span = self._compact[fmt] = MomentSpan(fmt, m, v, *absmax)
+
+        def step() -> None:
+            self.adam_steps += 1
+            span.adamw(self.src, self.dst, self.adam_steps, self.opt, self.opt.lr)
+        return self.elems / self._median_s(step, threads)
 
     def teams_bps(self, cast_threads: int, update_threads: int, seconds: float,
                   dma: Sequence[tuple[Callable[[], None], float]] = (),

@@ -31,7 +31,8 @@ from slidedp.spec.plan import Plan, team_cores
 
 SUSTAINED_ORDER = ("layer", "none")  # the cost model's figure (none) last: the longest under load
 MAX_SUSTAINED_ITERS = 5000
-HOST_KERNELS = ("copy", "cast", "adam", "adam bf16 grad")  # Results.host_rounds' kernel names
+HOST_KERNELS = ("copy", "cast", "adam", "adam bf16 grad", "adam bf16 moments",
+                "adam int8 moments")  # Results.host_rounds' kernel names
 CAST_CHUNK = "cast chunk"  # ... the cast by chunk size's
 TEAMS_ALONE, TEAMS_WITH_DMA = "teams", "teams with dma"  # ... the teams-at-once runs' totals
 TEAMS = (TEAMS_ALONE, TEAMS_WITH_DMA)
@@ -70,6 +71,8 @@ class Results:
     cast_elems_per_s: dict[int, float] = field(default_factory=dict)
     adam_params_per_s: dict[int, float] = field(default_factory=dict)
     adam_bf16_grad_params_per_s: dict[int, float] = field(default_factory=dict)
+    adam_bf16_moments_params_per_s: dict[int, float] = field(default_factory=dict)
+    adam_int8_moments_params_per_s: dict[int, float] = field(default_factory=dict)
     # the samples of those four, of the cast by chunk size and of the teams at once, one per
     # round, each round on fresh buffers (timing.Rounds): keys (kernel, threads) with kernel in
     # HOST_KERNELS, ("cast chunk", chunk bytes, threads), ("teams", cast threads, update
@@ -174,7 +177,11 @@ class Profiler:
             h.warmup = s.warmup if k == 0 else 0
             for kernel, rate in zip(HOST_KERNELS, (h.dram_bps, h.cast_elems_per_s,
                                                    h.adam_params_per_s,
-                                                   partial(h.adam_params_per_s, bf16_grad=True)),
+                                                   partial(h.adam_params_per_s, bf16_grad=True),
+                                                   partial(h.adam_moments_params_per_s,
+                                                           fmt="bf16"),
+                                                   partial(h.adam_moments_params_per_s,
+                                                           fmt="int8")),
                                     strict=True):
                 r.host_rounds.add((kernel, n), rate(n))
 
@@ -197,7 +204,8 @@ class Profiler:
 
         def rates():
             tables = (r.dram_bps, r.cast_elems_per_s, r.adam_params_per_s,
-                      r.adam_bf16_grad_params_per_s)
+                      r.adam_bf16_grad_params_per_s, r.adam_bf16_moments_params_per_s,
+                      r.adam_int8_moments_params_per_s)
             for n in r.threads:
                 for kernel, table in zip(HOST_KERNELS, tables, strict=True):
                     table[n] = r.host_rounds.rate((kernel, n))

@@ -55,11 +55,14 @@ def summary(req: Request, res: Results, spec: HardwareSpec, path: str) -> str:
         f"host ({res.host_bytes // MIB} MiB buffers; Adam traffic at "
         f"{spec.host.adam_dram_bytes_per_param:g} B/param)",
         ["threads", "copy GB/s", "cast Gelem/s", "adam Gparam/s", "adam GB/s",
-         "adam, BF16 grad Gparam/s"],
+         "adam, BF16 grad Gparam/s", "adam, bf16 moments", "adam, int8 moments"],
         [[str(n), f"{res.dram_bps[n] / GB:.1f}", f"{res.cast_elems_per_s[n] / 1e9:.2f}",
           f"{res.adam_params_per_s[n] / 1e9:.2f}",
           f"{res.adam_params_per_s[n] * spec.host.adam_dram_bytes_per_param / GB:.1f}",
-          f"{res.adam_bf16_grad_params_per_s[n] / 1e9:.2f}"]
+          f"{res.adam_bf16_grad_params_per_s[n] / 1e9:.2f}",
+          *(f"{rates[n] / 1e9:.2f}" if n in rates else "-"
+            for rates in (res.adam_bf16_moments_params_per_s,
+                          res.adam_int8_moments_params_per_s))]
          for n in res.threads])]
     parts.append(rounds_line(req, res))
     if res.dram_teams is not None:

@@ -47,6 +47,9 @@ Schema (units in names):
               within a chunk. When present, CAST tasks take it (cast_rate with chunk_elems)
               adam_bf16_grad_gparam_per_s = [[threads, rate]]  (optional) Adam on a BF16
               gradient widened in cache (plan.grad_widen = host; HostSpec.adam_rate)
+              adam_bf16_moments_gparam_per_s, adam_int8_moments_gparam_per_s =
+              [[threads, rate]]  (optional) Adam with compact moments on an FP32 gradient
+              (plan.moments; HostSpec.adam_rate)
               agent_gap_us = { cast = us, adam = us }  (optional) the executor's dispatch cost
               per CAST / ADAM task on its CPU agents (profile/agents.py; HostSpec.task_gap_s)
               rate_range = { adam = [slow, fast], cast = [slow, fast] }  (optional) how far the

@@ -61,6 +61,10 @@ class HostSpec:
     # the host's spread, {kernel: (slow, fast)} factors over the kernel's rate, for "adam" and
     # "cast" (module docstring); empty: not measured (older profiles, presets)
     rate_range: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # Adam with compact moments (plan.moments), {"bf16" | "int8": parameters/s against threads}
+    # on an FP32 gradient; empty: not measured (older profiles, presets): FP32's curve stands in
+    adam_moments_params_per_s: MappingProxyType = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def with_rates(self, adam: float = 1.0, cast: float = 1.0) -> HostSpec:
         """This host with its AdamW curves (FP32 and BF16 gradient) times `adam` and its cast
@@ -68,6 +72,8 @@ class HostSpec:
         derived from the rates follows them: cast_weight, team_dram_bps without dram_teams)."""
         bf16 = self.adam_bf16_grad_params_per_s
         return replace(self, adam_params_per_s=self.adam_params_per_s.scaled(adam),
+                       adam_moments_params_per_s=MappingProxyType(
+                           {k: c.scaled(adam) for k, c in self.adam_moments_params_per_s.items()}),
                        adam_bf16_grad_params_per_s=None if bf16 is None else bf16.scaled(adam),
                        cast_elems_per_s=self.cast_elems_per_s.scaled(cast),
                        cast_chunk=tuple((c, curve.scaled(cast)) for c, curve in self.cast_chunk))
@@ -82,9 +88,13 @@ class HostSpec:
         curves = dict(self.cast_chunk)
         return log_between(list(curves), chunk_elems, lambda c: curves[c].at(threads))
 
-    def adam_rate(self, threads: float, grad_bytes: int = 4) -> float:
+    def adam_rate(self, threads: float, grad_bytes: int = 4, moments: str = "fp32") -> float:
         """Parameters/s of the CPU Adam with `threads` threads on a gradient of `grad_bytes`
-        per element: 2, a BF16 gradient widened in cache (its own curve where measured)."""
+        per element: 2, a BF16 gradient widened in cache (its own curve where measured); with
+        compact `moments` (bf16, int8), that format's curve where measured (FP32 gradient),
+        else the FP32 moments' curves stand in."""
+        if moments != "fp32" and moments in self.adam_moments_params_per_s:
+            return self.adam_moments_params_per_s[moments].at(threads)
         if grad_bytes == 2 and self.adam_bf16_grad_params_per_s is not None:
             return self.adam_bf16_grad_params_per_s.at(threads)
         return self.adam_params_per_s.at(threads)
@@ -193,7 +203,7 @@ def parse_host(t: Table) -> HostSpec:
                                           "dram_dma_gbps",
                                           "dram_dma_weight", "dram_dma_teams_gbps",
                                           "adam_bf16_grad_gparam_per_s", "agent_gap_us",
-                                          "rate_range")
+                                          "rate_range", *MOMENTS_KEYS.values())
                           if t.has(k)])
     teams = dma = None
     if t.has("dram_teams_gbps"):
@@ -255,11 +265,17 @@ def parse_host(t: Table) -> HostSpec:
                               src.get("cast_chunk_gelem_per_s", "")), teams, teams_cast,
                  teams_chunk, dma, dma_weight, dma_teams, adam_bf16,
                  _agent_gaps(t.raw("agent_gap_us", {}), t.where),
-                 _rate_range(t.raw("rate_range", {}), t.where))
+                 _rate_range(t.raw("rate_range", {}), t.where),
+                 MappingProxyType({
+                     fmt: RateCurve.from_pairs(t.raw(key), t.where, f"host.{key}", "param/s",
+                                               src[key]).scaled(1e9)
+                     for fmt, key in MOMENTS_KEYS.items() if t.has(key)}))
     t.done()
     return h
 
 
+MOMENTS_KEYS = {"bf16": "adam_bf16_moments_gparam_per_s",  # HostSpec.adam_moments_params_per_s
+                "int8": "adam_int8_moments_gparam_per_s"}
 RANGE_KERNELS = ("adam", "cast")  # the host kernels a rate_range may give
 
 

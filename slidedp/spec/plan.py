@@ -63,6 +63,11 @@ sums every chunk on every node, and every node updates the whole model on its ow
 "reduce_scatter" gives each node the sum of 1/K of each chunk, which it alone updates, and the
 nodes all-gather the new BF16 weights. The executor runs all_reduce; reduce_scatter is predicted
 only (the executor refuses it).
+`moments` is the format of the Adam moments on the host (exec/moments.py): "fp32" (default, 8
+B/param), "bf16" (4 B/param) or "int8" (block-wise 8-bit, the bitsandbytes scheme: 2 B/param plus
+an FP32 scale per 256 elements). The FP32 master stays. The update dequantizes, steps and
+requantizes chunk by chunk, at the host's measured rate for that format (spec/host.py); gradient
+chunks start on 256-element boundaries (graph/features/compact_moments.py).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
 
+from slidedp.spec.elements import FP32_BYTES, MOMENT_QBLOCK
 from slidedp.spec.errors import SpecError
 from slidedp.spec.segments import parse_policy
 from slidedp.spec.tomlio import Table, read_toml
@@ -95,6 +101,17 @@ class Kernels(StrEnum):
     AUTO = "auto"  # liger on a CUDA device where liger-kernel imports, else eager
     EAGER = "eager"  # transformers' own modules
     LIGER = "liger"  # liger-kernel's fused RMSNorm, SwiGLU, RoPE, linear + cross-entropy (CUDA)
+
+
+class Moments(StrEnum):
+    FP32 = "fp32"  # Adam m and v in FP32 (8 B/param)
+    BF16 = "bf16"  # rounded to BF16 after every update (4 B/param)
+    INT8 = "int8"  # block-wise 8-bit with an FP32 absmax per 256 elements (2.03 B/param)
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Host bytes of m and v together per parameter."""
+        return {"fp32": 8.0, "bf16": 4.0, "int8": 2 * (1 + FP32_BYTES / MOMENT_QBLOCK)}[self.value]
 
 
 class ClipSchedule(StrEnum):
@@ -143,6 +160,7 @@ class Plan:
     kernels: Kernels = Kernels.AUTO  # the layers' and the head's kernels (docstring)
     clip_schedule: ClipSchedule = ClipSchedule.SPLIT  # how a deferred update runs (docstring)
     internode_reduce: InternodeReduce = InternodeReduce.ALL_REDUCE  # across nodes (docstring)
+    moments: Moments = Moments.FP32  # the Adam moments' format on the host (docstring)
 
     def __post_init__(self):
         checks = {
@@ -161,6 +179,12 @@ class Plan:
         for name, ok in checks.items():
             if not ok:
                 raise SpecError("plan", name, f"a valid value (see Plan docs), got {getattr(self, name)!r}")
+        if self.moments != Moments.FP32 and self.embedding_rows:
+            raise SpecError("plan", "embedding_rows", f"false with {self.moments} moments (the "
+                            "split embedding update keeps FP32 moments)")
+        if self.moments != Moments.FP32 and self.splits_update:
+            raise SpecError("plan", "clip_schedule", f"joined with {self.moments} moments (the "
+                            "split schedule's update cast reads FP32 moments)")
         if not isinstance(self.layer_policies, tuple | list):
             raise SpecError("plan", "layer_policies", f"a list of policies, got {self.layer_policies!r}")
         names = tuple(parse_policy(p, "plan", f"layer_policies[{i}]").name
@@ -205,14 +229,25 @@ class Plan:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
+def with_moments(plan: Plan, moments: Moments) -> Plan:
+    """`plan` with the Adam moments in `moments`; compact ones take the joined clipping schedule
+    (the split one's update cast reads FP32 moments)."""
+    joined = moments != Moments.FP32 and plan.defer_update
+    return replace(plan, moments=moments,
+                   clip_schedule=ClipSchedule.JOINED if joined else plan.clip_schedule)
+
+
 def plan_for_clipping(plan: Plan, grad_clip: float | None, skip_nonfinite: int = 0) -> Plan:
     """The plan the executor runs for an optimizer that clips the global gradient norm to
     `grad_clip` (None or 0: no clipping) or may skip up to `skip_nonfinite` non-finite steps:
     both read the norm of every gradient chunk before any update, so every update is deferred
     (defer_update). Without either, `plan` itself (an explicit defer_update stays). Train,
-    predict, simulate and plan all take the clipping schedule from here."""
+    predict, simulate and plan all take the clipping schedule from here. Compact moments take
+    the joined schedule (the split one's update cast reads FP32 moments)."""
     if grad_clip or skip_nonfinite:
-        return replace(plan, defer_update=True)
+        compact = plan.moments != Moments.FP32
+        return replace(plan, defer_update=True,
+                       clip_schedule=ClipSchedule.JOINED if compact else plan.clip_schedule)
     return plan
 
 
@@ -224,7 +259,8 @@ def team_cores(cores: int) -> int:
 
 _ENUMS = {"param_route": ParamRoute, "grad_route": GradRoute, "update_sharding": UpdateSharding,
           "activation_policy": ActivationPolicy, "grad_widen": GradWiden, "kernels": Kernels,
-          "clip_schedule": ClipSchedule, "internode_reduce": InternodeReduce}
+          "clip_schedule": ClipSchedule, "internode_reduce": InternodeReduce,
+          "moments": Moments}
 
 
 def parse_plan(data: dict, where: str) -> Plan:

@@ -249,12 +249,14 @@ class DistSession:
         return t
 
     def host_state(self, unit_numels: list[int], copy_dtype: torch.dtype | None = None,
-                   init: Callable[[HostState], None] | None = None) -> HostState:
+                   init: Callable[[HostState], None] | None = None,
+                   moments: str = "fp32") -> HostState:
         """The one host state: local rank 0 creates it and runs init(state) (random weights, a
         checkpoint) before the others attach; collective. init must end within timeout_s."""
         hs = None
         if self.local_rank == 0:
-            hs = HostState.create(unit_numels, copy_dtype, name=f"{self.name}.state")
+            hs = HostState.create(unit_numels, copy_dtype, name=f"{self.name}.state",
+                                  moments=moments)
             if init is not None:
                 init(hs)
         self.barrier()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.uint8: "U8"}
 CHUNK_ELEMS = 1 << 24  # elements converted at a time (64 MiB of FP32 input)
 
 

@@ -2,6 +2,7 @@
 their hooks run (features/base.py lists the hooks)."""
 
 from slidedp.graph.features.base import Feature
+from slidedp.graph.features.compact_moments import CompactMoments
 from slidedp.graph.features.deferred_update import DeferredUpdate
 from slidedp.graph.features.embedding_rows import EmbeddingRows
 from slidedp.graph.features.grad_widen import HostWiden
@@ -15,5 +16,6 @@ FEATURES: tuple[type[Feature], ...] = (
     DeferredUpdate,
     SplitUpdate,
     EmbeddingRows,
+    CompactMoments,
     Internode,
 )
