@@ -229,12 +229,16 @@ class Plan:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
+def _clip_schedule(plan: Plan, moments: Moments, deferred: bool) -> ClipSchedule:
+    """The clipping schedule of `plan` with `moments` and `deferred`: compact moments take the
+    joined one (the split one's update cast reads FP32 moments)."""
+    return ClipSchedule.JOINED if deferred and moments != Moments.FP32 else plan.clip_schedule
+
+
 def with_moments(plan: Plan, moments: Moments) -> Plan:
-    """`plan` with the Adam moments in `moments`; compact ones take the joined clipping schedule
-    (the split one's update cast reads FP32 moments)."""
-    joined = moments != Moments.FP32 and plan.defer_update
+    """`plan` with the Adam moments in `moments` (and the clipping schedule they allow)."""
     return replace(plan, moments=moments,
-                   clip_schedule=ClipSchedule.JOINED if joined else plan.clip_schedule)
+                   clip_schedule=_clip_schedule(plan, moments, plan.defer_update))
 
 
 def plan_for_clipping(plan: Plan, grad_clip: float | None, skip_nonfinite: int = 0) -> Plan:
@@ -242,12 +246,10 @@ def plan_for_clipping(plan: Plan, grad_clip: float | None, skip_nonfinite: int =
     `grad_clip` (None or 0: no clipping) or may skip up to `skip_nonfinite` non-finite steps:
     both read the norm of every gradient chunk before any update, so every update is deferred
     (defer_update). Without either, `plan` itself (an explicit defer_update stays). Train,
-    predict, simulate and plan all take the clipping schedule from here. Compact moments take
-    the joined schedule (the split one's update cast reads FP32 moments)."""
+    predict, simulate and plan all take the clipping schedule from here (_clip_schedule)."""
     if grad_clip or skip_nonfinite:
-        compact = plan.moments != Moments.FP32
         return replace(plan, defer_update=True,
-                       clip_schedule=ClipSchedule.JOINED if compact else plan.clip_schedule)
+                       clip_schedule=_clip_schedule(plan, plan.moments, True))
     return plan
 
 
